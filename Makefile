@@ -1,0 +1,32 @@
+# Two entry points: `make demo` (the main job) and `make test` (the CPU suite).
+# Both create .venv inside the checkout on first use and install what they need.
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+# The CPU build of torch is taken from the local package store; a machine with GPUs takes the CUDA build.
+TORCH_SPEC ?= torch==2.13.0
+TRITON_SPEC ?= triton==3.6.0
+CONFIG ?= configs/cpu-demo.toml
+
+.PHONY: demo test bench env clean
+
+$(VENV)/.installed: pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q "$(TORCH_SPEC)" "$(TRITON_SPEC)"
+	$(PY) -m pip install -q -e ".[test,plot]"
+	touch $@
+
+env: $(VENV)/.installed
+
+demo: env
+	$(PY) -m graphshard demo --config $(CONFIG)
+
+test: env
+	TRITON_INTERPRET=1 $(PY) -m pytest -q tests
+
+bench: env
+	$(PY) -m graphshard bench --config $(CONFIG)
+
+clean:
+	rm -rf $(VENV)
