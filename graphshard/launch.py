@@ -1,0 +1,58 @@
+"""One way to launch a Triton kernel, shared by every launcher in the package.
+
+Kernels run with torch-function handling disabled: under the Triton interpreter a launch moves
+tensors through the host, which the emulated graph checker would otherwise report as host syncs
+in the step. A compiled kernel on a GPU does no such thing, so nothing is hidden by this.
+"""
+
+from __future__ import annotations
+
+import inspect
+
+import torch
+import triton.language as tl
+
+
+def launch(kernel, grid, *args, **kwargs):
+    with torch._C.DisableTorchFunction():
+        return kernel[grid](*args, **kwargs)
+
+
+def _signature(kernel) -> tuple[list[str], set[str], set]:
+    """(parameter names, constexpr names, do_not_specialize entries) of a jit or interpreted kernel."""
+    fn = kernel.fn
+    sig = inspect.signature(fn).parameters
+    names = list(sig)
+    constexprs = {n for n, p in sig.items() if p.annotation is tl.constexpr or p.annotation == "tl.constexpr"}
+    no_spec = getattr(kernel, "do_not_specialize", None)
+    if no_spec is None:  # the interpreter keeps the decorator's arguments instead
+        no_spec = (getattr(kernel, "kwargs", None) or {}).get("do_not_specialize") or ()
+    return names, constexprs, set(no_spec)
+
+
+def specialization_key(kernel, args: tuple, kwargs: dict) -> tuple:
+    """What Triton compiles a separate binary for: constexprs by value, int args equal to 1 or
+    divisible by 16 (unless marked do_not_specialize), pointer alignment. Used to count
+    compilations where the interpreter compiles nothing."""
+    names, constexprs, no_spec = _signature(kernel)
+    bound = dict(zip(names, args))
+    bound.update(kwargs)
+    key = []
+    for i, name in enumerate(names):
+        if name not in bound:
+            continue
+        v = bound[name]
+        if name in constexprs:
+            key.append((name, repr(v)))
+        elif isinstance(v, torch.Tensor):
+            key.append((name, str(v.dtype), v.data_ptr() % 16 == 0))
+        elif isinstance(v, bool) or not isinstance(v, int):
+            key.append((name, type(v).__name__))
+        elif name in no_spec or i in no_spec:
+            key.append((name, "int"))
+        else:
+            key.append((name, v == 1, v % 16 == 0))
+    for name, v in kwargs.items():
+        if name not in names:  # launch options: num_warps, num_stages
+            key.append((name, repr(v)))
+    return tuple(key)
