@@ -1,0 +1,5 @@
+import sys
+
+from graphshard.cli import main
+
+sys.exit(main())

@@ -1,0 +1,88 @@
+"""Command line: `python -m graphshard demo|plan|bench --config configs/NAME.toml`."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import tomllib
+
+import numpy as np
+
+from graphshard.config import Config
+
+
+def sample_batch(cfg: Config, num_reqs: int, seed: int):
+    """A replicated batch as a scheduler would produce it: unique slots, 1..M rows per request."""
+    rng = np.random.default_rng(seed)
+    idx = rng.choice(cfg.max_num_slots, size=num_reqs, replace=False).astype(np.int32)
+    counts = rng.integers(1, cfg.max_num_logits_per_req + 1, size=num_reqs)
+    cu = np.concatenate([[0], np.cumsum(counts)]).astype(np.int32)
+    seq_lens = rng.integers(1, 4096, size=num_reqs).astype(np.int32)
+    return idx, cu, seq_lens
+
+
+def print_plan(cfg: Config, tp_size: int, num_reqs: int, seed: int) -> None:
+    import torch
+
+    from graphshard.plan import plan
+    from graphshard.plan_layout import PLAN_DOC, PlanBuffers
+    from graphshard.validate import BatchLimits, validate_batch
+
+    idx, cu, lens = sample_batch(cfg, num_reqs, seed)
+    limits = BatchLimits(cfg.max_num_reqs, cfg.max_num_logits_per_req, cfg.max_num_slots)
+    idx, cu, lens = validate_batch(idx, cu, lens, limits)
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+
+    def padded(a, length):
+        t = torch.zeros(length, dtype=torch.int32)
+        t[: a.shape[0]] = torch.from_numpy(a)
+        return t.to(device)
+
+    print(f"batch: n={num_reqs} slots={idx.tolist()} cu_num_logits={cu.tolist()}")
+    for rank in range(tp_size):
+        buf = PlanBuffers.allocate(cfg.max_num_reqs, cfg.max_num_logits_per_req, tp_size, device)
+        plan(buf, idx_mapping=padded(idx, cfg.max_num_reqs), cu_num_logits=padded(cu, cfg.max_num_reqs + 1),
+             seq_lens=padded(lens, cfg.max_num_reqs),
+             num_reqs=torch.tensor([num_reqs], dtype=torch.int32, device=device),
+             tp_rank=rank, gather_stride=cfg.max_num_reqs,
+             max_num_logits_per_req=cfg.max_num_logits_per_req)
+        print(f"\n-- rank {rank} of {tp_size} --")
+        rows = int(buf.owner_row_offsets[-1])
+        local_reqs, local_rows = int(buf.local_num_reqs[0]), int(buf.local_num_rows[0])
+        live = {"send_rows": rows, "gathered_src_indices": num_reqs, "local_req_indices": local_reqs,
+                "local_idx_mapping": local_reqs, "local_cu_num_logits": local_reqs + 1,
+                "local_seq_lens": local_reqs, "local_row_src": local_rows, "local_row_slot": local_rows,
+                "local_row_pos": local_rows, "local_draft_tokens": local_rows}
+        for name, t in buf.as_dict().items():
+            values = t[: live.get(name, t.shape[0])].tolist()
+            print(f"  {name:22s} {str(values):40s}  {PLAN_DOC[name]}")
+
+
+def use_interpreter_without_gpu() -> None:
+    """Triton kernels run under its interpreter where no GPU is present (set before triton loads)."""
+    if "TRITON_INTERPRET" not in os.environ:
+        import torch
+
+        if not torch.cuda.is_available():
+            os.environ["TRITON_INTERPRET"] = "1"
+
+
+def main(argv=None) -> int:
+    use_interpreter_without_gpu()
+    parser = argparse.ArgumentParser(prog="graphshard")
+    sub = parser.add_subparsers(dest="command", required=True)
+    for name, help_text in [("demo", "run the main job"), ("plan", "print the plan of a sample batch")]:
+        p = sub.add_parser(name, help=help_text)
+        p.add_argument("--config", required=True)
+        p.add_argument("--tp", type=int, default=None)
+        p.add_argument("--num-reqs", type=int, default=None)
+        p.add_argument("--seed", type=int, default=None)
+    args = parser.parse_args(argv)
+    cfg = Config.from_toml(args.config)
+    with open(args.config, "rb") as f:
+        demo = tomllib.load(f).get("demo", {})
+    tp = args.tp or demo.get("tp", 2)
+    seed = args.seed if args.seed is not None else demo.get("seed", 0)
+    num_reqs = args.num_reqs if args.num_reqs is not None else min(8, cfg.max_num_reqs)
+    print_plan(cfg, tp, num_reqs, seed)
+    return 0
