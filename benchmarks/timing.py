@@ -1,0 +1,37 @@
+"""Device-side timing shared by the benchmarks: CUDA events around graph replays."""
+
+from __future__ import annotations
+
+import statistics
+
+import torch
+
+
+def graph_of(fn, repeat: int) -> torch.cuda.CUDAGraph:
+    """Capture `repeat` back-to-back calls of `fn` in one graph (after a warm-up on a side stream)."""
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        for _ in range(3):
+            fn()
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for _ in range(repeat):
+            fn()
+    torch.cuda.synchronize()
+    return graph
+
+
+def replay_us(graph: torch.cuda.CUDAGraph, per_replay: int, trials: int = 20) -> dict:
+    """Median and p90 device microseconds per call, from events around each replay."""
+    times = []
+    for _ in range(trials + 3):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        graph.replay()
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end) * 1000.0 / per_replay)
+    times = sorted(times[3:])
+    return {"median_us": statistics.median(times), "p90_us": times[int(0.9 * (len(times) - 1))]}
