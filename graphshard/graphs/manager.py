@@ -13,11 +13,9 @@ import time
 from dataclasses import dataclass
 from typing import Any, Callable, Hashable, Iterable, Protocol, Sequence
 
+from graphshard.validate import BatchTooLargeError
+
 FALLBACKS = ("eager", "error")
-
-
-class BatchTooLargeError(RuntimeError):
-    """A batch exceeds the largest captured bucket and the fallback is "error"."""
 
 
 class GraphBackend(Protocol):
