@@ -67,20 +67,37 @@ def use_interpreter_without_gpu() -> None:
             os.environ["TRITON_INTERPRET"] = "1"
 
 
+def run_demo(cfg: Config, demo: dict, args) -> int:
+    from graphshard.demo import DemoSettings, report, run
+
+    tp = args.tp or demo.get("tp", 2)
+    settings = DemoSettings(steps=args.steps or demo.get("steps", 100),
+                            seed=args.seed if args.seed is not None else demo.get("seed", 0),
+                            capture=not args.no_capture)
+    results = run(cfg, tp, settings)
+    print(report(results, cfg))
+    return 0
+
+
 def main(argv=None) -> int:
     use_interpreter_without_gpu()
     parser = argparse.ArgumentParser(prog="graphshard")
     sub = parser.add_subparsers(dest="command", required=True)
-    for name, help_text in [("demo", "run the main job"), ("plan", "print the plan of a sample batch")]:
-        p = sub.add_parser(name, help=help_text)
-        p.add_argument("--config", required=True)
-        p.add_argument("--tp", type=int, default=None)
-        p.add_argument("--num-reqs", type=int, default=None)
+    demo_p = sub.add_parser("demo", help="run a simulated decode loop, every step checked against the oracle")
+    plan_p = sub.add_parser("plan", help="print the plan of a sample batch on every rank")
+    for p in (demo_p, plan_p):
+        p.add_argument("--config", required=True, help="a TOML preset from configs/")
+        p.add_argument("--tp", type=int, default=None, help="tensor-parallel size (default: the preset's)")
         p.add_argument("--seed", type=int, default=None)
+    demo_p.add_argument("--steps", type=int, default=None)
+    demo_p.add_argument("--no-capture", action="store_true", help="run every step eagerly")
+    plan_p.add_argument("--num-reqs", type=int, default=None)
     args = parser.parse_args(argv)
     cfg = Config.from_toml(args.config)
     with open(args.config, "rb") as f:
         demo = tomllib.load(f).get("demo", {})
+    if args.command == "demo":
+        return run_demo(cfg, demo, args)
     tp = args.tp or demo.get("tp", 2)
     seed = args.seed if args.seed is not None else demo.get("seed", 0)
     num_reqs = args.num_reqs if args.num_reqs is not None else min(8, cfg.max_num_reqs)

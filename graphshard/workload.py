@@ -149,22 +149,24 @@ class Workload:
             seq_lens=np.array([r.seq_len for r in reqs], dtype=np.int32),
             draft_token_ids=drafts, grammar_bitmask=bitmask, added=added, removed=removed)
 
-    def logits(self, batch: Batch, padded_vocab: int, dtype: torch.dtype) -> torch.Tensor:
-        """Full-vocabulary logits [num_logits, padded_vocab] for a batch (CPU, deterministic).
+    def logits(self, batch: Batch, padded_vocab: int, dtype: torch.dtype,
+               device: torch.device | str = "cpu") -> torch.Tensor:
+        """Full-vocabulary logits [num_logits, padded_vocab] for a batch, made on `device`.
 
         Drafts get a boost on most rows so speculative verification accepts some of them; a
         few rows carry a NaN; the padded columns hold large values that must never be sampled.
         """
-        g = torch.Generator().manual_seed(self.seed * 1_000_003 + self.step_index)
+        device = torch.device(device)
+        g = torch.Generator(device).manual_seed(self.seed * 1_000_003 + self.step_index)
         n = batch.num_logits
-        x = torch.randn(n, padded_vocab, generator=g) * 2.0
+        x = torch.randn(n, padded_vocab, generator=g, device=device) * 2.0
         x[:, self.cfg.vocab_size:] = 1e4
         if batch.draft_token_ids is not None and n:
-            rows = torch.arange(n)
-            boost = (torch.rand(n, generator=g) < 0.7).float() * 12.0
-            x[rows, torch.from_numpy(batch.draft_token_ids).long()] += boost
+            rows = torch.arange(n, device=device)
+            boost = (torch.rand(n, generator=g, device=device) < 0.7).float() * 12.0
+            x[rows, torch.from_numpy(batch.draft_token_ids).long().to(device)] += boost
         if self.nan_rate and n:
-            nan_rows = torch.rand(n, generator=g) < self.nan_rate
-            cols = torch.randint(0, self.cfg.vocab_size, (n,), generator=g)
+            nan_rows = torch.rand(n, generator=g, device=device) < self.nan_rate
+            cols = torch.randint(0, self.cfg.vocab_size, (n,), generator=g, device=device)
             x[nan_rows, cols[nan_rows]] = float("nan")
         return x.to(dtype)

@@ -1,0 +1,291 @@
+"""The engine: what a decode loop holds. Static buffers, per-slot state, capture and `step()`.
+
+A step on rank r (DESIGN section 1): plan -> exchange logits to their owners -> sample the owned
+rows -> gather the per-request records to every rank in batch order. With `capture()` every
+bucket runs as one graph replay; batches above the largest bucket run the same code eagerly.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+import torch.distributed as dist
+
+from graphshard.config import Config
+from graphshard.graphs import GraphManager, make_backend
+from graphshard.inputs import StepInputs
+from graphshard.params import SamplingParams, SlotTables
+from graphshard.plan import plan
+from graphshard.plan_layout import PlanBuffers
+from graphshard.records import RecordLayout, SamplerOutput, unpack
+from graphshard.sampler import sample
+from graphshard.strategy import REPLICATE, SHARD, choose_strategies
+from graphshard.validate import BatchLimits, InvalidBatchError, owner_counts, validate_batch
+
+logger = logging.getLogger(__name__)
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+@dataclass(frozen=True)
+class StepKey:
+    """What selects a graph: the bucket, the strategy and (shard only) the exchange capacity."""
+
+    bucket: int
+    strategy: str
+    capacity: int
+
+    def as_key(self) -> tuple:
+        return (self.bucket, self.strategy, self.capacity)
+
+
+def _default_device() -> torch.device:
+    if torch.cuda.is_available():
+        return torch.device("cuda", torch.cuda.current_device())
+    return torch.device("cpu")
+
+
+class Engine:
+    """Batch-sharded sampling for one TP group. Every rank builds one with the same config."""
+
+    def __init__(self, config: Config, group: dist.ProcessGroup | None = None,
+                 device: torch.device | str | None = None):
+        self.config = config
+        distributed = dist.is_available() and dist.is_initialized()
+        self.group = group if group is not None else (dist.group.WORLD if distributed else None)
+        self.tp_size = dist.get_world_size(self.group) if self.group is not None else 1
+        self.tp_rank = dist.get_rank(self.group) if self.group is not None else 0
+        self.device = torch.device(device) if device is not None else _default_device()
+        if self.device.type == "cuda" and self.device.index is None:
+            self.device = torch.device("cuda", torch.cuda.current_device())
+        self.vocab = config.padded_vocab_size(self.tp_size)
+        self.vocab_shard = self.vocab // self.tp_size
+        self.dtype = DTYPES[config.logits_dtype]
+        self.layout = RecordLayout(config.max_num_logits_per_req, config.num_logprobs)
+        self.limits = BatchLimits(config.max_num_reqs, config.max_num_logits_per_req, config.max_num_slots)
+        self.active_slots: set[int] = set()
+        self._allocate()
+        self.graphs = GraphManager(self.backend, config.buckets, fallback=config.fallback,
+                                   barrier=self._barrier)
+        self._strategy = {b: (REPLICATE if config.strategy == REPLICATE or self.tp_size == 1 else SHARD)
+                          for b in config.buckets}
+        self.captured = False
+        self.eager_steps = 0
+
+    # -- set-up --------------------------------------------------------------------------------
+    def _allocate(self) -> None:
+        cfg, dev = self.config, self.device
+        n, m = cfg.max_num_reqs, cfg.max_num_logits_per_req
+        self.tables = SlotTables(cfg.max_num_slots, dev)
+        self.inputs = StepInputs(max_num_reqs=n, max_num_logits_per_req=m, vocab_shard=self.vocab_shard,
+                                 bitmask_words=-(-cfg.vocab_size // 32), logits_dtype=self.dtype, device=dev)
+        self.plan_buffers = PlanBuffers.allocate(n, m, self.tp_size, dev)
+        self.local_records = torch.zeros(n, self.layout.width, dtype=torch.int32, device=dev)
+        # Every logits row is its own bitmask row in batch order (replicate and tp=1 paths).
+        self.identity_rows = torch.arange(n * m, dtype=torch.int32, device=dev)
+        self.transport = None
+        if self.tp_size > 1:
+            from graphshard.transports import make_transport
+
+            self.transport = make_transport(cfg.transport, self.group, dev)
+            self.transport.setup(max_num_rows=n * m, max_num_reqs=n, vocab_shard=self.vocab_shard,
+                                 logits_dtype=self.dtype, record_width=self.layout.width, device=dev)
+            self.records = self.transport.output_buffer()
+        else:
+            self.records = torch.zeros(n, self.layout.width, dtype=torch.int32, device=dev)
+        self.backend = make_backend(cfg.graph_backend, dev)
+        if hasattr(self.backend, "register_static_buffers"):
+            statics = {"meta": self.inputs.meta, "logits": self.inputs.logits,
+                       "drafts": self.inputs.draft_token_ids, "bitmask": self.inputs.grammar_bitmask,
+                       "local_records": self.local_records, "records": self.records,
+                       "identity_rows": self.identity_rows}
+            statics.update({f"plan.{k}": v for k, v in self.plan_buffers.as_dict().items()})
+            statics.update({f"slots.{k}": v for k, v in vars(self.tables).items()
+                            if isinstance(v, torch.Tensor)})
+            if self.transport is not None:
+                statics["receive"] = self.transport.receive_buffer()
+            self.backend.register_static_buffers(statics)
+
+    def _barrier(self) -> None:
+        if self.transport is not None:
+            self.transport.barrier()
+
+    # -- requests ------------------------------------------------------------------------------
+    def add_request(self, slot: int, params: SamplingParams) -> None:
+        """Set a slot's sampling parameters (outside any step; identical calls on every rank)."""
+        if not isinstance(params, SamplingParams):
+            raise TypeError(f"params must be SamplingParams, got {type(params).__name__}")
+        if params.num_logprobs > self.config.num_logprobs:
+            raise ValueError(f"num_logprobs {params.num_logprobs} exceeds the config's "
+                             f"num_logprobs ({self.config.num_logprobs})")
+        self.tables.set(slot, params)
+        self.active_slots.add(slot)
+
+    def remove_request(self, slot: int) -> None:
+        if slot not in self.active_slots:
+            raise ValueError(f"slot {slot} holds no request")
+        self.active_slots.discard(slot)
+
+    # -- the step functions (what a graph captures) ----------------------------------------------
+    def _shard_fn(self, bucket: int, capacity: int):
+        cap_reqs = max(1, min(bucket, capacity))
+        inp, pb, m = self.inputs, self.plan_buffers, self.config.max_num_logits_per_req
+        drafts = inp.draft_token_ids if m > 1 else None
+
+        def step():
+            plan(pb, idx_mapping=inp.idx_mapping, cu_num_logits=inp.cu_num_logits, seq_lens=inp.seq_lens,
+                 num_reqs=inp.num_reqs, tp_rank=self.tp_rank, gather_stride=cap_reqs,
+                 max_num_logits_per_req=m, draft_token_ids=drafts)
+            full = self.transport.exchange(pb, inp.logits, None, capacity)
+            sample(full, vocab_size=self.config.vocab_size, num_reqs=pb.local_num_reqs,
+                   req_slots=pb.local_idx_mapping, cu_num_logits=pb.local_cu_num_logits,
+                   seq_lens=pb.local_seq_lens, tables=self.tables, layout=self.layout,
+                   records=self.local_records, max_num_reqs=cap_reqs,
+                   draft_tokens=pb.local_draft_tokens if drafts is not None else None,
+                   bitmask=inp.grammar_bitmask, bitmask_rows=pb.local_row_src,
+                   bitmask_enabled=inp.bitmask_on)
+            self.transport.gather(pb, self.local_records, self.records, cap_reqs, bucket)
+
+        return step
+
+    def _replicate_fn(self, bucket: int):
+        inp, m = self.inputs, self.config.max_num_logits_per_req
+
+        def step():
+            if self.transport is None:
+                full = inp.logits
+            else:
+                full = self.transport.all_gather_vocab(inp.logits, None, bucket * m)
+            sample(full, vocab_size=self.config.vocab_size, num_reqs=inp.num_reqs,
+                   req_slots=inp.idx_mapping, cu_num_logits=inp.cu_num_logits, seq_lens=inp.seq_lens,
+                   tables=self.tables, layout=self.layout, records=self.records, max_num_reqs=bucket,
+                   draft_tokens=inp.draft_token_ids if m > 1 else None,
+                   bitmask=inp.grammar_bitmask, bitmask_rows=self.identity_rows,
+                   bitmask_enabled=inp.bitmask_on)
+
+        return step
+
+    def _step_fn(self, key: StepKey):
+        if key.strategy == SHARD:
+            return self._shard_fn(key.bucket, key.capacity)
+        return self._replicate_fn(key.bucket)
+
+    def _keys_for(self, bucket: int, strategy: str) -> list[StepKey]:
+        if strategy == REPLICATE:
+            return [StepKey(bucket, REPLICATE, 0)]
+        m = self.config.max_num_logits_per_req
+        return [StepKey(bucket, SHARD, c) for c in self.transport.capacity_tiers(bucket * m)]
+
+    # -- capture --------------------------------------------------------------------------------
+    def capture(self) -> None:
+        """Capture every bucket (every capacity tier of it) into one pool, largest first."""
+        if self.captured:
+            raise RuntimeError("capture() already ran")
+        self._write_placeholder_batch(self.config.max_bucket)
+        auto = self.config.strategy == "auto" and self.tp_size > 1
+        keys = []
+        for b in self.config.buckets:
+            for strategy in ((SHARD, REPLICATE) if auto else (self._strategy[b],)):
+                keys += self._keys_for(b, strategy)
+        by_tuple = {k.as_key(): k for k in keys}
+        self.graphs.capture(lambda t: self._step_fn(by_tuple[t]), keys=list(by_tuple))
+        if auto:
+            self._strategy = choose_strategies(self)
+        self.captured = True
+
+    def _write_placeholder_batch(self, n: int) -> None:
+        """A valid batch in the static buffers for warm-up and capture (balanced slots, one row each)."""
+        idx = np.arange(n, dtype=np.int32)
+        cu = np.arange(n + 1, dtype=np.int32)
+        self.inputs.write_meta(idx, cu, np.zeros(n, np.int32), bitmask_on=False)
+
+    # -- the step ---------------------------------------------------------------------------------
+    def step(self, idx_mapping, cu_num_logits, seq_lens, logits: torch.Tensor,
+             draft_token_ids=None, grammar_bitmask=None) -> SamplerOutput:
+        """Sample one decode step. Replicated host arrays + this rank's logits shard in batch order.
+
+        Returns views (batch order, first n rows) of static buffers: read them before the next step.
+        Every check runs before any device work or collective, identically on every rank.
+        """
+        idx, cu, lens = validate_batch(idx_mapping, cu_num_logits, seq_lens, self.limits)
+        n, num_logits = idx.shape[0], int(cu[-1])
+        inactive = [int(s) for s in idx if int(s) not in self.active_slots]
+        if inactive:
+            raise InvalidBatchError(f"slot {inactive[0]} holds no request; call add_request first")
+        self._check_tensors(logits, draft_token_ids, grammar_bitmask, num_logits)
+        bucket = self.graphs.bucket_for(n) if self.captured else None
+        if self.captured and bucket is None:
+            self.graphs.check_fits(n)
+        key = self._choose_key(bucket, idx, cu, n)
+
+        self.inputs.write_meta(idx, cu, lens, bitmask_on=grammar_bitmask is not None)
+        self.inputs.write_logits(logits, num_logits)
+        if self.config.max_num_logits_per_req > 1:
+            self.inputs.write_drafts(draft_token_ids, num_logits)
+        self.inputs.write_bitmask(grammar_bitmask, num_logits)
+        if bucket is not None:
+            self.graphs.replay(key.as_key())
+        elif self.captured:
+            self.graphs.run_eager(self._step_fn(key), n)
+        else:
+            self.eager_steps += 1
+            self._step_fn(key)()
+        return unpack(self.records[:n], self.layout)
+
+    def _choose_key(self, bucket: int | None, idx: np.ndarray, cu: np.ndarray, n: int) -> StepKey:
+        m = self.config.max_num_logits_per_req
+        size = bucket if bucket is not None else max(n, 1)
+        strategy = self._strategy.get(bucket, self._strategy[self.config.max_bucket]) \
+            if bucket is not None else self._strategy[self.config.max_bucket]
+        if strategy == REPLICATE:
+            return StepKey(size, REPLICATE, 0)
+        _, rows = owner_counts(idx, cu, self.tp_size)
+        max_rows = int(rows.max()) if n else 0
+        if bucket is None:  # eager: the exact size is the capacity
+            return StepKey(size, SHARD, max(1, max_rows))
+        return StepKey(size, SHARD, self.transport.pick_capacity(size * m, max_rows))
+
+    def _check_tensors(self, logits, drafts, bitmask, num_logits: int) -> None:
+        if not isinstance(logits, torch.Tensor):
+            raise TypeError(f"logits must be a torch.Tensor, got {type(logits).__name__}")
+        if logits.dim() != 2 or logits.shape != (num_logits, self.vocab_shard):
+            raise InvalidBatchError(f"logits must be [{num_logits}, {self.vocab_shard}] (rows x this "
+                                    f"rank's vocab shard), got {tuple(logits.shape)}")
+        if logits.dtype != self.dtype:
+            raise TypeError(f"logits must be {self.dtype} (config logits_dtype), got {logits.dtype}")
+        if logits.device != self.device:
+            raise InvalidBatchError(f"logits is on {logits.device}, the engine runs on {self.device}")
+        if logits.stride(-1) != 1:
+            raise InvalidBatchError("logits rows must be contiguous (last-dim stride 1)")
+        if drafts is not None:
+            if self.config.max_num_logits_per_req == 1:
+                raise InvalidBatchError("draft_token_ids given but max_num_logits_per_req is 1")
+            _check_int32_input("draft_token_ids", drafts, (num_logits,), self.device)
+        if bitmask is not None:
+            _check_int32_input("grammar_bitmask", bitmask, (num_logits, self.inputs.grammar_bitmask.shape[1]),
+                               self.device)
+
+    # -- reporting --------------------------------------------------------------------------------
+    def stats(self) -> dict:
+        s = self.graphs.stats()
+        return {"replays": dict(s.replays), "eager_fallbacks": s.eager_fallbacks,
+                "eager_steps": self.eager_steps, "capture_s": s.capture_total_s,
+                "graph_memory_bytes": s.graph_memory_bytes,
+                "strategy": dict(self._strategy),
+                "transport": self.transport.name if self.transport is not None else "none",
+                "graph_backend": getattr(self.backend, "name", type(self.backend).__name__)}
+
+
+def _check_int32_input(name: str, value, shape: tuple, device: torch.device) -> None:
+    if not isinstance(value, torch.Tensor):
+        raise TypeError(f"{name} must be a torch.Tensor, got {type(value).__name__}")
+    if value.dtype != torch.int32:
+        raise TypeError(f"{name} must be int32, got {value.dtype}")
+    if tuple(value.shape) != shape:
+        raise InvalidBatchError(f"{name} must have shape {list(shape)}, got {list(value.shape)}")
+    if value.device != device:
+        raise InvalidBatchError(f"{name} is on {value.device}, the engine runs on {device}")

@@ -1,0 +1,78 @@
+"""The engine's static input buffers and the one host-to-device copy that fills them per step.
+
+The engine validates every input before calling a `write_*` method, so these only copy.
+
+The replicated integer inputs (n, slots, cu_num_logits, seq_lens, the bitmask flag) are packed
+into one int32 buffer so a step costs a single small copy. On CUDA the host side is pinned and
+double-buffered: a staging buffer is rewritten only after the copy that last read it finished.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+
+class StepInputs:
+    """Device buffers at the padded maximum, sliced views for each input."""
+
+    def __init__(self, *, max_num_reqs: int, max_num_logits_per_req: int, vocab_shard: int,
+                 bitmask_words: int, logits_dtype: torch.dtype, device: torch.device):
+        n, rows = max_num_reqs, max_num_reqs * max_num_logits_per_req
+        self.max_num_reqs, self.max_num_rows = n, rows
+        self.device = device
+        # [num_reqs | idx_mapping N | cu_num_logits N+1 | seq_lens N | bitmask_on]
+        self._sizes = (1, n, n + 1, n, 1)
+        width = sum(self._sizes)
+        self.meta = torch.zeros(width, dtype=torch.int32, device=device)
+        self.num_reqs, self.idx_mapping, self.cu_num_logits, self.seq_lens, self.bitmask_on = \
+            torch.split(self.meta, self._sizes)
+        self.logits = torch.zeros(rows, vocab_shard, dtype=logits_dtype, device=device)  # [rows, V/T]
+        self.draft_token_ids = torch.full((rows,), -1, dtype=torch.int32, device=device)
+        self.grammar_bitmask = torch.full((rows, bitmask_words), -1, dtype=torch.int32, device=device)
+        pinned = device.type == "cuda"
+        self._staging = [torch.zeros(width, dtype=torch.int32, pin_memory=pinned) for _ in range(2)]
+        self._staged = [None, None]
+        self._turn = 0
+
+    def write_meta(self, idx: np.ndarray, cu: np.ndarray, seq_lens: np.ndarray, bitmask_on: bool):
+        """Stage the replicated host arrays and copy them to the device (no host sync on CUDA)."""
+        k = self._turn
+        self._turn ^= 1
+        if self._staged[k] is not None:
+            self._staged[k].synchronize()  # only waits if the device is two steps behind
+        host = self._staging[k].numpy()
+        n = idx.shape[0]
+        o_idx = 1
+        o_cu = o_idx + self.max_num_reqs
+        o_len = o_cu + self.max_num_reqs + 1
+        o_flag = o_len + self.max_num_reqs
+        host[0] = n
+        host[o_idx:o_idx + n] = idx
+        host[o_idx + n:o_cu] = 0
+        host[o_cu:o_cu + n + 1] = cu
+        host[o_cu + n + 1:o_len] = cu[-1]  # keep the padded prefix sums non-decreasing
+        host[o_len:o_len + n] = seq_lens
+        host[o_len + n:o_flag] = 0
+        host[o_flag] = int(bitmask_on)
+        self.meta.copy_(self._staging[k], non_blocking=True)
+        if self.device.type == "cuda":
+            event = torch.cuda.Event()
+            event.record()
+            self._staged[k] = event
+
+    def write_logits(self, logits: torch.Tensor, num_logits: int) -> None:
+        """Copy the caller's shard in, unless the decode loop wrote straight into `self.logits`."""
+        if num_logits and logits.data_ptr() == self.logits.data_ptr():
+            return
+        self.logits[:num_logits].copy_(logits, non_blocking=True)
+
+    def write_drafts(self, drafts: torch.Tensor | None, num_logits: int) -> None:
+        if drafts is None:
+            self.draft_token_ids[:num_logits].fill_(-1)  # -1 never equals a sample: nothing accepted
+        else:
+            self.draft_token_ids[:num_logits].copy_(drafts, non_blocking=True)
+
+    def write_bitmask(self, bitmask: torch.Tensor | None, num_logits: int) -> None:
+        if bitmask is not None:
+            self.grammar_bitmask[:num_logits].copy_(bitmask, non_blocking=True)
