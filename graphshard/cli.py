@@ -79,6 +79,22 @@ def run_demo(cfg: Config, demo: dict, args) -> int:
     return 0
 
 
+def run_bench(cfg: Config, args) -> int:
+    from pathlib import Path
+
+    from graphshard.bench import SweepSettings, run
+
+    changes = {"base": cfg}
+    if args.batches:
+        changes["batches"] = tuple(int(b) for b in args.batches.split(","))
+    if args.vocabs:
+        changes["vocabs"] = tuple(int(v) for v in args.vocabs.split(","))
+    if args.dtypes:
+        changes["dtypes"] = tuple(args.dtypes.split(","))
+    run(SweepSettings(**changes), Path(args.out), tp=args.tp)
+    return 0
+
+
 def main(argv=None) -> int:
     use_interpreter_without_gpu()
     parser = argparse.ArgumentParser(prog="graphshard")
@@ -92,12 +108,21 @@ def main(argv=None) -> int:
     demo_p.add_argument("--steps", type=int, default=None)
     demo_p.add_argument("--no-capture", action="store_true", help="run every step eagerly")
     plan_p.add_argument("--num-reqs", type=int, default=None)
+    bench_p = sub.add_parser("bench", help="sweep five step implementations on the GPUs (JSON, Markdown, PNG)")
+    bench_p.add_argument("--config", required=True, help="a TOML preset (the sweep sets its own shapes)")
+    bench_p.add_argument("--tp", type=int, default=None, help="number of GPUs (default: all)")
+    bench_p.add_argument("--out", default="out/sweep", help="folder for sweep.json, sweep.md, sweep.png")
+    bench_p.add_argument("--batches", default=None, help="comma-separated batch sizes")
+    bench_p.add_argument("--vocabs", default=None, help="comma-separated vocabulary sizes")
+    bench_p.add_argument("--dtypes", default=None, help="comma-separated logits dtypes")
     args = parser.parse_args(argv)
     cfg = Config.from_toml(args.config)
     with open(args.config, "rb") as f:
         demo = tomllib.load(f).get("demo", {})
     if args.command == "demo":
         return run_demo(cfg, demo, args)
+    if args.command == "bench":
+        return run_bench(cfg, args)
     tp = args.tp or demo.get("tp", 2)
     seed = args.seed if args.seed is not None else demo.get("seed", 0)
     num_reqs = args.num_reqs if args.num_reqs is not None else min(8, cfg.max_num_reqs)
