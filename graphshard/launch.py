@@ -56,3 +56,16 @@ def specialization_key(kernel, args: tuple, kwargs: dict) -> tuple:
         if name not in names:  # launch options: num_warps, num_stages
             key.append((name, repr(v)))
     return tuple(key)
+
+
+def check_int32_vector(name: str, t, min_len: int, device: torch.device, *, where: str = "") -> None:
+    """A launcher's check of a 1-D int32 index/count argument (contiguous, long enough, on device)."""
+    if not isinstance(t, torch.Tensor):
+        raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+    if t.dtype != torch.int32:
+        raise TypeError(f"{name} must be int32, got {t.dtype}")
+    if t.device != device:
+        raise ValueError(f"{name} is on {t.device}, {where or 'the kernel runs'} on {device}")
+    if t.dim() != 1 or (t.numel() > 1 and t.stride(0) != 1) or t.shape[0] < min_len:
+        raise ValueError(f"{name} must be a contiguous 1-D tensor of at least {min_len} entries, "
+                         f"got shape {tuple(t.shape)} stride {t.stride()}")

@@ -11,7 +11,7 @@ import torch
 import triton
 import triton.language as tl
 
-from graphshard.launch import launch
+from graphshard.launch import check_int32_vector, launch
 from graphshard.plan_layout import PlanBuffers
 
 
@@ -125,18 +125,6 @@ def _plan_kernel(
         tl.store(local_draft_tokens_ptr + rows, zeros, mask=local_tail)
 
 
-def _check_int32(name: str, t: torch.Tensor, min_len: int, device: torch.device):
-    if not isinstance(t, torch.Tensor):
-        raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
-    if t.dtype != torch.int32:
-        raise TypeError(f"{name} must be int32, got {t.dtype}")
-    if t.device != device:
-        raise ValueError(f"{name} is on {t.device}, the plan buffers are on {device}")
-    if t.dim() != 1 or t.stride(0) != 1 or t.shape[0] < min_len:
-        raise ValueError(f"{name} must be a contiguous 1-D tensor of at least {min_len} entries, "
-                         f"got shape {tuple(t.shape)} stride {t.stride()}")
-
-
 def plan(
     out: PlanBuffers,
     *,
@@ -160,12 +148,12 @@ def plan(
     if gather_stride < 1:
         raise ValueError(f"gather_stride must be >= 1, got {gather_stride}")
     device = out.num_reqs.device
-    _check_int32("idx_mapping", idx_mapping, max_reqs, device)
-    _check_int32("cu_num_logits", cu_num_logits, max_reqs + 1, device)
-    _check_int32("seq_lens", seq_lens, max_reqs, device)
-    _check_int32("num_reqs", num_reqs, 1, device)
+    check_int32_vector("idx_mapping", idx_mapping, max_reqs, device)
+    check_int32_vector("cu_num_logits", cu_num_logits, max_reqs + 1, device)
+    check_int32_vector("seq_lens", seq_lens, max_reqs, device)
+    check_int32_vector("num_reqs", num_reqs, 1, device)
     if draft_token_ids is not None:
-        _check_int32("draft_token_ids", draft_token_ids, max_rows, device)
+        check_int32_vector("draft_token_ids", draft_token_ids, max_rows, device)
     padded_reqs = triton.next_power_of_2(max_reqs)
     launch(
         _plan_kernel, (1,),

@@ -49,7 +49,7 @@ import triton
 import triton.language as tl
 
 from graphshard import rng
-from graphshard.launch import launch
+from graphshard.launch import check_int32_vector, launch
 from graphshard.params import SlotTables
 from graphshard.records import RecordLayout
 
@@ -348,19 +348,6 @@ def _sample_kernel(
             tl.store(rec_ptr + M + 3 + 2 * M * K + M + r, rank)
 
 
-def _check_int32(name: str, t: torch.Tensor, min_numel: int, device: torch.device) -> None:
-    if not isinstance(t, torch.Tensor):
-        raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
-    if t.dtype != torch.int32:
-        raise TypeError(f"{name} must be int32, got {t.dtype}")
-    if t.device != device:
-        raise ValueError(f"{name} is on {t.device}, logits on {device}")
-    if t.dim() != 1 or t.stride(0) != 1:
-        raise ValueError(f"{name} must be a contiguous 1-D tensor, got shape {tuple(t.shape)}")
-    if t.numel() < min_numel:
-        raise ValueError(f"{name} needs at least {min_numel} entries, got {t.numel()}")
-
-
 def _check_tables(tables: SlotTables, device: torch.device) -> None:
     if not isinstance(tables, SlotTables):
         raise TypeError(f"tables must be a SlotTables, got {type(tables).__name__}")
@@ -408,10 +395,10 @@ def sample(logits: torch.Tensor, *, vocab_size: int, num_reqs: torch.Tensor,
         raise TypeError(f"layout must be a RecordLayout, got {type(layout).__name__}")
     device = logits.device
     num_rows = logits.shape[0]
-    _check_int32("num_reqs", num_reqs, 1, device)
-    _check_int32("req_slots", req_slots, max_num_reqs, device)
-    _check_int32("cu_num_logits", cu_num_logits, max_num_reqs + 1, device)
-    _check_int32("seq_lens", seq_lens, max_num_reqs, device)
+    check_int32_vector("num_reqs", num_reqs, 1, device, where="logits")
+    check_int32_vector("req_slots", req_slots, max_num_reqs, device, where="logits")
+    check_int32_vector("cu_num_logits", cu_num_logits, max_num_reqs + 1, device, where="logits")
+    check_int32_vector("seq_lens", seq_lens, max_num_reqs, device, where="logits")
     _check_tables(tables, device)
     if not isinstance(records, torch.Tensor) or records.dtype != torch.int32:
         raise TypeError(f"records must be an int32 tensor, got "
@@ -423,7 +410,7 @@ def sample(logits: torch.Tensor, *, vocab_size: int, num_reqs: torch.Tensor,
         raise ValueError(f"records must be [>= {max_num_reqs}, {layout.width}] with a contiguous "
                          f"last dim, got shape {tuple(records.shape)} strides {records.stride()}")
     if draft_tokens is not None:
-        _check_int32("draft_tokens", draft_tokens, num_rows, device)
+        check_int32_vector("draft_tokens", draft_tokens, num_rows, device, where="logits")
     if (bitmask is None) != (bitmask_rows is None):
         raise ValueError("bitmask and bitmask_rows go together: pass both or neither")
     if bitmask is not None:
@@ -436,11 +423,11 @@ def sample(logits: torch.Tensor, *, vocab_size: int, num_reqs: torch.Tensor,
         if bitmask.dim() != 2 or bitmask.shape[1] < words or bitmask.stride(1) != 1:
             raise ValueError(f"bitmask must be [rows, >= {words}] with a contiguous last dim, "
                              f"got shape {tuple(bitmask.shape)} strides {bitmask.stride()}")
-        _check_int32("bitmask_rows", bitmask_rows, num_rows, device)
+        check_int32_vector("bitmask_rows", bitmask_rows, num_rows, device, where="logits")
     if bitmask_enabled is not None:
         if bitmask is None:
             raise ValueError("bitmask_enabled needs a bitmask")
-        _check_int32("bitmask_enabled", bitmask_enabled, 1, device)
+        check_int32_vector("bitmask_enabled", bitmask_enabled, 1, device, where="logits")
     if max_num_reqs == 0:
         return
 

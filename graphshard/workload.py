@@ -77,7 +77,8 @@ class Workload:
     def _params(self) -> SamplingParams:
         r = self.rng
         kind = r.choice(["greedy", "temperature", "top_k", "top_p", "min_p", "all"])
-        k = int(r.integers(0, self.cfg.num_logprobs + 1)) if self.cfg.num_logprobs else 0
+        # Logprobs on a minority of requests, as in serving (they cost extra passes over the row).
+        k = int(r.integers(1, self.cfg.num_logprobs + 1)) if self.cfg.num_logprobs and r.random() < 0.15 else 0
         seed = int(r.integers(0, 2**63 - 1))
         if kind == "greedy":
             return SamplingParams(temperature=0.0, seed=seed, num_logprobs=k)

@@ -1,0 +1,49 @@
+"""Transports: move logits rows to their owners and gather records back (p2p, nccl, gloo)."""
+
+from __future__ import annotations
+
+import logging
+
+import torch
+import torch.distributed as dist
+
+from graphshard.transports.base import Transport, doubling_tiers, pick_tier, resolve_device
+from graphshard.transports.p2p import P2PTransport, p2p_unavailable_reason
+from graphshard.transports.padded import PaddedTransport
+
+logger = logging.getLogger(__name__)
+
+TRANSPORT_KINDS = ("p2p", "nccl", "gloo", "auto")
+
+__all__ = ["TRANSPORT_KINDS", "Transport", "PaddedTransport", "P2PTransport", "make_transport",
+           "doubling_tiers", "pick_tier", "p2p_unavailable_reason"]
+
+
+def make_transport(kind: str, group: dist.ProcessGroup | None = None,
+                   device: torch.device | str | None = None, **options) -> Transport:
+    """Build a transport (call its `setup` next). A collective for "p2p" and "auto": every rank of
+    `group` must call it. "auto" = p2p when CUDA ranks share a node with working symmetric memory,
+    else nccl on CUDA, else gloo on CPU. "p2p" falls back to nccl (gloo on CPU) with a logged reason
+    when it cannot run; on CPU it needs the Triton interpreter. `options` go to P2PTransport."""
+    if kind not in TRANSPORT_KINDS:
+        raise ValueError(f"transport kind must be one of {', '.join(TRANSPORT_KINDS)}, got {kind!r}")
+    if device is None:
+        device = torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() \
+            else torch.device("cpu")
+    device = resolve_device(device)
+    if device.type not in ("cpu", "cuda"):
+        raise ValueError(f"transports run on cpu or cuda devices, got {device}")
+    if kind == "gloo" and device.type != "cpu":
+        raise ValueError(f"the gloo transport moves CPU tensors; got device {device}")
+    if kind == "nccl" and device.type != "cuda":
+        raise ValueError(f"the nccl transport moves CUDA tensors; got device {device}")
+    if kind in ("gloo", "nccl") or (kind == "auto" and device.type == "cpu"):
+        return PaddedTransport(group, device)
+
+    reason = p2p_unavailable_reason(group, device)
+    if reason is None:
+        return P2PTransport(group, device, **options)
+    fallback = PaddedTransport(group, device)
+    log = logger.warning if kind == "p2p" else logger.info
+    log("p2p transport unavailable (%s); using %s", reason, fallback.name)
+    return fallback

@@ -1,0 +1,430 @@
+"""Peer-to-peer transport: Triton kernels store straight into peers' memory (one node).
+
+Each rank maps every peer's receive buffer, record buffer and signal pad (torch symmetric memory
+on CUDA, multicast off). A sender pushes only the real rows, counts read on the device: row j of
+owner d's block goes straight to d's full-vocabulary buffer at row j, columns
+[rank*vocab_shard, (rank+1)*vocab_shard), so the owner-sort gather and the vocab interleave
+happen in the transfer. The record gather is the same trick: each owner stores a record into
+every rank's output buffer at its batch position.
+
+Ordering. Every kernel brackets its stores with signal-pad barriers, per program id: a start
+barrier (each peer has finished every earlier kernel on its stream, so it no longer reads the
+buffer about to be overwritten) and an end barrier (every store into this rank's buffers is
+complete and visible). Flags are set with release and consumed (reset to 0) with acquire, both at
+system scope; each slot is used once per barrier phase and is consumed before its sender can
+reach the same phase again, so the pads return to zero after every kernel and need no host-side
+epoch (graph replays just work).
+
+On CPU the same kernels run under the Triton interpreter against shared-file mappings, which lets
+the CPU suite run the real kernels, barriers included, across processes.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import shutil
+import socket
+import tempfile
+
+import torch
+import torch.distributed as dist
+import triton
+import triton.language as tl
+
+from graphshard.launch import launch
+from graphshard.plan_layout import PlanBuffers
+from graphshard.transports.base import Transport
+
+# Signal-pad channels: two phases (start, end) per kind of kernel.
+_CH_ROWS, _CH_RECORDS, _CH_BARRIER = 0, 2, 4
+_NUM_CHANNELS = 6
+_MAX_ROW_BLOCK = 4096
+
+
+@triton.jit
+def _arrive(signal_ptrs_ptr, slot, rank, WORLD_SIZE: tl.constexpr, WORLD_POW2: tl.constexpr):
+    """Raise this rank's flag for `slot` on every rank's pad; release publishes this program's
+    earlier stores (the CTA barrier first makes every thread's stores part of it)."""
+    peers = tl.arange(0, WORLD_POW2)
+    live = peers < WORLD_SIZE
+    pads = tl.load(signal_ptrs_ptr + peers, mask=live, other=0).to(tl.pointer_type(tl.int32))
+    tl.debug_barrier()
+    tl.atomic_xchg(pads + slot * WORLD_SIZE + rank, tl.full([WORLD_POW2], 1, tl.int32), mask=live,
+                   sem="release", scope="sys")
+
+
+@triton.jit
+def _await(signal_ptrs_ptr, slot, rank, WORLD_SIZE: tl.constexpr):
+    """Wait for every rank's flag for `slot` on this rank's pad and consume it (acquire)."""
+    pad = tl.load(signal_ptrs_ptr + rank).to(tl.pointer_type(tl.int32)) + slot * WORLD_SIZE
+    for peer in tl.static_range(WORLD_SIZE):
+        while tl.atomic_cas(pad + peer, 1, 0, sem="acquire", scope="sys") != 1:
+            pass
+    tl.debug_barrier()
+
+
+@triton.jit
+def _sync(signal_ptrs_ptr, slot, rank, WORLD_SIZE: tl.constexpr, WORLD_POW2: tl.constexpr):
+    _arrive(signal_ptrs_ptr, slot, rank, WORLD_SIZE, WORLD_POW2)
+    _await(signal_ptrs_ptr, slot, rank, WORLD_SIZE)
+
+
+@triton.jit(do_not_specialize=["num_rows"])
+def _push_rows_kernel(
+    src_ptr,  # [>= rows, VOCAB_SHARD] this rank's vocab columns, batch row order
+    src_row_stride,
+    send_rows_ptr,  # [R] owner-sorted batch rows (exchange)
+    row_offsets_ptr,  # [T+1] owner_row_offsets (exchange)
+    num_rows,  # rows every rank receives (all-gather)
+    dst_ptrs_ptr,  # [T] int64: each rank's receive buffer [max_num_rows, T * VOCAB_SHARD]
+    signal_ptrs_ptr,  # [T] int64: each rank's signal pad [channels, MAX_BLOCKS, T]
+    rank,
+    VOCAB_SHARD: tl.constexpr,
+    WORLD_SIZE: tl.constexpr,
+    WORLD_POW2: tl.constexpr,
+    MAX_BLOCKS: tl.constexpr,
+    CHANNEL: tl.constexpr,
+    ALL_ROWS: tl.constexpr,
+    BLOCK: tl.constexpr,
+):
+    pid = tl.program_id(0)
+    num_programs = tl.num_programs(0)
+    _sync(signal_ptrs_ptr, CHANNEL * MAX_BLOCKS + pid, rank, WORLD_SIZE, WORLD_POW2)
+
+    num_chunks = (VOCAB_SHARD + BLOCK - 1) // BLOCK
+    peers = tl.arange(0, WORLD_POW2)
+    if ALL_ROWS:
+        total = num_rows * WORLD_SIZE
+    else:
+        total = tl.load(row_offsets_ptr + WORLD_SIZE)
+        row_ends = tl.load(row_offsets_ptr + 1 + peers, mask=peers < WORLD_SIZE, other=2**31 - 1)
+    dst_col = rank * VOCAB_SHARD
+    cols0 = tl.arange(0, BLOCK)
+    # Work items are (row, column chunk) pairs so a single long row still spreads over programs.
+    item = pid
+    while item < total * num_chunks:
+        k = item // num_chunks
+        cols = (item % num_chunks) * BLOCK + cols0
+        mask = cols < VOCAB_SHARD
+        if ALL_ROWS:
+            dst_rank = k // num_rows
+            dst_row = k % num_rows
+            src_row = dst_row
+        else:
+            dst_rank = tl.sum((row_ends <= k).to(tl.int32), axis=0)
+            dst_row = k - tl.load(row_offsets_ptr + dst_rank)
+            src_row = tl.load(send_rows_ptr + k)
+        vals = tl.load(src_ptr + src_row.to(tl.int64) * src_row_stride + cols, mask=mask)
+        # Symmetric buffers are allocation-aligned: the hint lets the stores vectorize.
+        dst = tl.load(dst_ptrs_ptr + dst_rank).to(tl.pointer_type(src_ptr.dtype.element_ty))
+        dst = tl.multiple_of(dst, 16)
+        tl.store(dst + dst_row.to(tl.int64) * (WORLD_SIZE * VOCAB_SHARD) + dst_col + cols, vals,
+                 mask=mask)
+        item += num_programs
+
+    _sync(signal_ptrs_ptr, (CHANNEL + 1) * MAX_BLOCKS + pid, rank, WORLD_SIZE, WORLD_POW2)
+
+
+@triton.jit
+def _push_records_kernel(
+    records_ptr,  # [>= local_num_reqs, WIDTH] int32, local order
+    records_row_stride,
+    local_num_reqs_ptr,  # [1]
+    local_req_indices_ptr,  # [N] batch index of each local request
+    dst_ptrs_ptr,  # [T] int64: each rank's output buffer [max_num_reqs, WIDTH]
+    signal_ptrs_ptr,  # [T] int64: each rank's signal pad
+    rank,
+    WIDTH: tl.constexpr,
+    WIDTH_POW2: tl.constexpr,
+    REQ_TILE: tl.constexpr,
+    WORLD_SIZE: tl.constexpr,
+    WORLD_POW2: tl.constexpr,
+    MAX_BLOCKS: tl.constexpr,
+    CHANNEL: tl.constexpr,
+    FENCE_BEFORE: tl.constexpr,
+):
+    pid = tl.program_id(0)
+    num_programs = tl.num_programs(0)
+    if FENCE_BEFORE:
+        _sync(signal_ptrs_ptr, CHANNEL * MAX_BLOCKS + pid, rank, WORLD_SIZE, WORLD_POW2)
+
+    num_local = tl.load(local_num_reqs_ptr)
+    num_tiles = (num_local + REQ_TILE - 1) // REQ_TILE
+    reqs0 = tl.arange(0, REQ_TILE)
+    cols = tl.arange(0, WIDTH_POW2)
+    item = pid
+    while item < num_tiles * WORLD_SIZE:
+        dst_rank = item % WORLD_SIZE
+        reqs = (item // WORLD_SIZE) * REQ_TILE + reqs0
+        live = reqs < num_local
+        batch_rows = tl.load(local_req_indices_ptr + reqs, mask=live, other=0)
+        mask = live[:, None] & (cols[None, :] < WIDTH)
+        vals = tl.load(records_ptr + reqs.to(tl.int64)[:, None] * records_row_stride + cols[None, :],
+                       mask=mask)
+        dst = tl.load(dst_ptrs_ptr + dst_rank).to(tl.pointer_type(tl.int32))
+        tl.store(dst + batch_rows.to(tl.int64)[:, None] * WIDTH + cols[None, :], vals, mask=mask)
+        item += num_programs
+
+    _sync(signal_ptrs_ptr, (CHANNEL + 1) * MAX_BLOCKS + pid, rank, WORLD_SIZE, WORLD_POW2)
+
+
+@triton.jit
+def _barrier_kernel(signal_ptrs_ptr, rank, WORLD_SIZE: tl.constexpr, WORLD_POW2: tl.constexpr,
+                    MAX_BLOCKS: tl.constexpr, CHANNEL: tl.constexpr):
+    # Two phases, so a fast rank cannot re-raise a flag its peer has not consumed yet.
+    _sync(signal_ptrs_ptr, CHANNEL * MAX_BLOCKS, rank, WORLD_SIZE, WORLD_POW2)
+    _sync(signal_ptrs_ptr, (CHANNEL + 1) * MAX_BLOCKS, rank, WORLD_SIZE, WORLD_POW2)
+
+
+# -- peer memory --------------------------------------------------------------------------------
+class _SymmetricMemory:
+    """CUDA: torch symmetric memory, CUDA backend; peers' buffers mapped by address (unicast)."""
+
+    def __init__(self, group, device):
+        import torch.distributed._symmetric_memory as symm_mem
+
+        self._symm_mem = symm_mem
+        self.group, self.device = group, device
+        self.rank = dist.get_rank(group)
+        self._handles = []
+
+    def allocate(self, shape: tuple[int, ...], dtype: torch.dtype) -> tuple[torch.Tensor, list[int]]:
+        t = self._symm_mem.empty(*shape, dtype=dtype, device=self.device)
+        hdl = self._symm_mem.rendezvous(t, self.group.group_name)
+        self._handles.append(hdl)
+        bases = list(hdl.buffer_ptrs)
+        # Depending on the release, handles carry the allocation base or the tensor's address;
+        # allocations are symmetric, so the offset is the same on every rank.
+        offset = t.data_ptr() - bases[self.rank]
+        return t, [b + offset for b in bases]
+
+    def finish(self):
+        pass
+
+
+class _SharedFileMemory:
+    """CPU: one shared file mapping per rank and buffer, mapped by every rank of the host."""
+
+    def __init__(self, group, device):
+        self.group = group
+        self.rank, self.world_size = dist.get_rank(group), dist.get_world_size(group)
+        dirs = [None] * self.world_size
+        mine = tempfile.mkdtemp(prefix="graphshard-p2p-") if self.rank == 0 else None
+        dist.all_gather_object(dirs, mine, group=group)
+        self._dir = dirs[0]
+        self._count = 0
+        self._maps = []  # every mapping stays alive as long as the transport
+
+    def _path(self, index: int, rank: int) -> str:
+        return os.path.join(self._dir, f"buf{index}.rank{rank}")
+
+    def allocate(self, shape: tuple[int, ...], dtype: torch.dtype) -> tuple[torch.Tensor, list[int]]:
+        index, numel = self._count, math.prod(shape)
+        self._count += 1
+        mine = torch.from_file(self._path(index, self.rank), shared=True, size=numel, dtype=dtype)
+        dist.barrier(group=self.group)
+        maps = [mine if r == self.rank else
+                torch.from_file(self._path(index, r), shared=True, size=numel, dtype=dtype)
+                for r in range(self.world_size)]
+        self._maps.append(maps)
+        return mine.view(shape), [m.data_ptr() for m in maps]
+
+    def finish(self):
+        dist.barrier(group=self.group)  # everyone has mapped everything; the files can go
+        if self.rank == 0:
+            shutil.rmtree(self._dir, ignore_errors=True)
+
+
+def _local_reason(device: torch.device) -> str | None:
+    if device.type == "cpu":
+        if os.environ.get("TRITON_INTERPRET") != "1":
+            return "on CPU the p2p kernels need the Triton interpreter (TRITON_INTERPRET=1)"
+        return None
+    if device.type != "cuda":
+        return f"device type {device.type} is not supported"
+    try:
+        import torch.distributed._symmetric_memory as symm_mem
+    except ImportError as e:
+        return f"torch symmetric memory is unavailable ({e})"
+    get_backend = getattr(symm_mem, "get_backend", None)
+    set_backend = getattr(symm_mem, "set_backend", None)
+    try:
+        if get_backend is not None and set_backend is not None and get_backend(device) != "CUDA":
+            set_backend("CUDA")
+    except Exception as e:  # noqa: BLE001 - any failure here means: use another transport
+        return f"cannot select the CUDA symmetric memory backend ({e})"
+    return None
+
+
+def p2p_unavailable_reason(group, device: torch.device) -> str | None:
+    """Why the p2p transport cannot run here, or None. A collective: every rank gets the same
+    answer, so no rank sets up symmetric memory that its peers will not rendezvous with."""
+    group = group if group is not None else dist.group.WORLD
+    world_size = dist.get_world_size(group)
+    infos = [None] * world_size
+    dist.all_gather_object(infos, (socket.gethostname(), device.index, _local_reason(device)),
+                           group=group)
+    reasons = [f"rank {r}: {why}" for r, (_, _, why) in enumerate(infos) if why]
+    if reasons:
+        return "; ".join(reasons)
+    if len({host for host, _, _ in infos}) > 1:
+        return "the ranks span several hosts"
+    if device.type != "cuda":
+        return None
+    blocked = [idx for _, idx, _ in infos
+               if idx != device.index and not torch.cuda.can_device_access_peer(device.index, idx)]
+    verdicts = [None] * world_size
+    dist.all_gather_object(verdicts, blocked, group=group)
+    blocked_pairs = [(r, idx) for r, b in enumerate(verdicts) for idx in b]
+    if blocked_pairs:
+        return f"no peer access between (rank, cuda device) pairs {blocked_pairs}"
+    return None
+
+
+# -- the transport ------------------------------------------------------------------------------
+class P2PTransport(Transport):
+    """Pushes only the real rows into peers' mapped buffers; reads every count on the device.
+
+    `exchange`/`all_gather_vocab` fill `receive_buffer()` and `gather` fills `output_buffer()`
+    (both symmetric); pass `out` to get a copy. A `gather` issued right after an exchange,
+    all-gather or barrier (nothing but local work in between, as in one step) reuses that op's
+    start barrier instead of running its own.
+    """
+
+    name = "p2p"
+
+    def __init__(self, group, device, *, num_blocks: int | None = None):
+        super().__init__(group, device)
+        if num_blocks is not None and (isinstance(num_blocks, bool) or not isinstance(num_blocks, int)
+                                       or num_blocks < 1):
+            raise ValueError(f"num_blocks must be a positive int, got {num_blocks!r}")
+        if self.device.type == "cuda":
+            sms = torch.cuda.get_device_properties(self.device).multi_processor_count
+            # Every program of a kernel must be resident at once (they wait on their peers'
+            # programs), so stay well under the SM count.
+            self.num_blocks = num_blocks or min(64, max(1, sms // 2))
+            self._memory_cls = _SymmetricMemory
+        else:
+            # The interpreter runs programs one after another: few programs keep it quick.
+            self.num_blocks = num_blocks or 2
+            self._memory_cls = _SharedFileMemory
+        self._peers_synced = False
+
+    def _allocate(self):
+        memory = self._memory_cls(self.group, self.device)
+        self._recv, recv_ptrs = memory.allocate((self.max_num_rows, self.vocab), self.logits_dtype)
+        self._records_out, out_ptrs = memory.allocate((self.max_num_reqs, self.record_width),
+                                                      torch.int32)
+        self._signals, signal_ptrs = memory.allocate((_NUM_CHANNELS, self.num_blocks, self.tp_size),
+                                                     torch.int32)
+        # Zeroed before any peer can raise a flag; zeroed rows also keep never-written rows defined.
+        for t in (self._recv, self._records_out, self._signals):
+            t.zero_()
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+        memory.finish()
+        dist.barrier(group=self.group)
+        self._memory = memory  # keeps the mappings (and their handles) alive
+        as_table = lambda ptrs: torch.tensor(ptrs, dtype=torch.int64, device=self.device)  # noqa: E731
+        self._recv_ptrs, self._out_ptrs = as_table(recv_ptrs), as_table(out_ptrs)
+        self._signal_ptrs = as_table(signal_ptrs)
+        self._no_rows = torch.zeros(self.tp_size + 1, dtype=torch.int32, device=self.device)
+        self._row_block = min(_MAX_ROW_BLOCK, triton.next_power_of_2(self.vocab_shard))
+        width_pow2 = triton.next_power_of_2(self.record_width)
+        self._req_tile = max(1, min(32, 2048 // width_pow2))
+        self._record_blocks = min(self.num_blocks, 16)
+        self._warm_up()
+
+    def _warm_up(self):
+        """Compile every kernel variant and run each once with empty counts, before any capture."""
+        zeros = self._no_rows
+        # Laid out like an engine's logits and records buffers, so the variants compiled here
+        # are the ones a capture later launches.
+        logits = torch.zeros(1, self.vocab_shard, dtype=self.logits_dtype, device=self.device)
+        records = torch.zeros(1, self.record_width, dtype=torch.int32, device=self.device)
+        self._launch_barrier()
+        self._push_rows(logits, zeros, zeros, num_rows=0, all_rows=False)
+        self._push_records(records, zeros, zeros)  # start barrier reused from the push
+        self._push_records(records, zeros, zeros)  # its own start barrier
+        self._push_rows(logits, zeros, zeros, num_rows=0, all_rows=True)
+        self._launch_barrier()
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+
+    def capacity_tiers(self, bucket_rows: int) -> tuple[int, ...]:
+        if bucket_rows < 1:
+            raise ValueError(f"bucket_rows must be >= 1, got {bucket_rows}")
+        return (bucket_rows,)  # counts are read on the device: nothing is padded
+
+    def receive_buffer(self) -> torch.Tensor:
+        return self._recv
+
+    def output_buffer(self) -> torch.Tensor:
+        return self._records_out
+
+    # -- launchers --------------------------------------------------------------------------
+    def _push_rows(self, logits_shard, send_rows, row_offsets, *, num_rows: int, all_rows: bool):
+        launch(_push_rows_kernel, (self.num_blocks,),
+               logits_shard, logits_shard.stride(0), send_rows, row_offsets, num_rows,
+               self._recv_ptrs, self._signal_ptrs, self.tp_rank,
+               VOCAB_SHARD=self.vocab_shard, WORLD_SIZE=self.tp_size,
+               WORLD_POW2=triton.next_power_of_2(self.tp_size), MAX_BLOCKS=self.num_blocks,
+               CHANNEL=_CH_ROWS, ALL_ROWS=all_rows, BLOCK=self._row_block,
+               num_warps=8 if self._row_block >= 2048 else 4)
+        self._peers_synced = True
+
+    def _push_records(self, records, local_num_reqs, local_req_indices):
+        launch(_push_records_kernel, (self._record_blocks,),
+               records, records.stride(0), local_num_reqs, local_req_indices,
+               self._out_ptrs, self._signal_ptrs, self.tp_rank,
+               WIDTH=self.record_width, WIDTH_POW2=triton.next_power_of_2(self.record_width),
+               REQ_TILE=self._req_tile, WORLD_SIZE=self.tp_size,
+               WORLD_POW2=triton.next_power_of_2(self.tp_size), MAX_BLOCKS=self.num_blocks,
+               CHANNEL=_CH_RECORDS, FENCE_BEFORE=not self._peers_synced)
+        self._peers_synced = False
+
+    # -- the step ---------------------------------------------------------------------------
+    def exchange(self, plan: PlanBuffers, logits_shard: torch.Tensor, out: torch.Tensor | None = None,
+                 capacity: int | None = None) -> torch.Tensor:
+        self._check_logits(logits_shard)
+        self._check_plan(plan)
+        capacity = self.max_num_rows if capacity is None else capacity
+        self._check_rows_out(out, capacity)
+        self._push_rows(logits_shard, plan.send_rows, plan.owner_row_offsets, num_rows=0,
+                        all_rows=False)
+        return self._deliver(self._recv, out, capacity)
+
+    def gather(self, plan: PlanBuffers, records: torch.Tensor, out: torch.Tensor | None = None,
+               capacity_reqs: int | None = None, num_out: int | None = None) -> torch.Tensor:
+        num_out = self.max_num_reqs if num_out is None else num_out
+        capacity_reqs = self.max_num_reqs if capacity_reqs is None else capacity_reqs
+        self._check_records(records, out, capacity_reqs, num_out)
+        self._check_plan(plan)
+        self._push_records(records, plan.local_num_reqs, plan.local_req_indices)
+        return self._deliver(self._records_out, out, num_out)
+
+    def all_gather_vocab(self, logits_shard: torch.Tensor, out: torch.Tensor | None = None,
+                         num_rows: int | None = None) -> torch.Tensor:
+        num_rows = self.max_num_rows if num_rows is None else num_rows
+        self._check_logits(logits_shard, num_rows)
+        self._check_rows_out(out, num_rows, "num_rows")
+        self._push_rows(logits_shard, self._no_rows, self._no_rows, num_rows=num_rows, all_rows=True)
+        return self._deliver(self._recv, out, num_rows)
+
+    def barrier(self):
+        self._check_ready()
+        self._launch_barrier()
+
+    def _launch_barrier(self):
+        launch(_barrier_kernel, (1,), self._signal_ptrs, self.tp_rank, WORLD_SIZE=self.tp_size,
+               WORLD_POW2=triton.next_power_of_2(self.tp_size), MAX_BLOCKS=self.num_blocks,
+               CHANNEL=_CH_BARRIER)
+        self._peers_synced = True
+
+    @staticmethod
+    def _deliver(buffer: torch.Tensor, out: torch.Tensor | None, rows: int) -> torch.Tensor:
+        if out is None or out.data_ptr() == buffer.data_ptr():
+            return buffer
+        out[:rows].copy_(buffer[:rows])
+        return out
