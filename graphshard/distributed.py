@@ -11,6 +11,7 @@ import pickle
 import queue
 import shutil
 import tempfile
+import threading
 import time
 import traceback
 from contextlib import contextmanager
@@ -95,8 +96,23 @@ def _device_id(device: torch.device) -> dict:
     return {"device_id": device} if device.type == "cuda" else {}
 
 
+def _exit_with_parent() -> None:
+    """A rank whose parent died (killed by a harness, say) would otherwise outlive it, possibly
+    blocked in a collective forever."""
+    parent = mp.parent_process()
+    if parent is None:
+        return
+
+    def watch():
+        parent.join()
+        os._exit(1)
+
+    threading.Thread(target=watch, name="graphshard-parent-watch", daemon=True).start()
+
+
 def _worker(fn, rank: int, world_size: int, args: tuple, backend: str, init_file: str,
             timeout_s: float, reports) -> None:
+    _exit_with_parent()
     set_gpu_env()
     try:
         device = _bind_device(backend, rank)
@@ -139,7 +155,7 @@ def spawn(fn, world_size: int, *args, backend: str = "gloo", timeout_s: float = 
     finally:
         _stop(procs, grace_s=10.0 if len(results) == world_size else 0.0)
         reports.close()
-        shutil.rmtree(tmpdir, ignore_errors=True)
+        _remove_dir(tmpdir)
     if errors:
         text = "\n".join(f"--- rank {r} ---\n{tb}" for r, tb in sorted(errors.items()))
         raise RuntimeError(f"{len(errors)} of {world_size} ranks failed:\n{text}")
@@ -160,6 +176,15 @@ def _child_env(env: dict[str, str]):
                 os.environ.pop(k, None)
             else:
                 os.environ[k] = v
+
+
+def _remove_dir(path: str) -> None:
+    """Remove the rendezvous dir; a rank that exits late may still be writing its store file."""
+    for _ in range(3):
+        shutil.rmtree(path, ignore_errors=True)
+        if not os.path.exists(path):
+            return
+        time.sleep(0.5)
 
 
 def _collect(procs, reports, timeout_s: float) -> tuple[dict, dict]:
@@ -213,4 +238,4 @@ def _stop(procs, grace_s: float) -> None:
         if p.is_alive():
             p.kill()
     for p in procs:
-        p.join(timeout=5)
+        p.join(timeout=30)
