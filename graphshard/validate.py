@@ -29,6 +29,8 @@ class BatchLimits:
 
 def to_host_int32(name: str, value) -> np.ndarray:
     """A 1-D host int32 array from a NumPy array, list or CPU tensor; anything else is refused."""
+    if type(value) is np.ndarray and value.dtype == np.int32 and value.ndim == 1:
+        return value  # the hot path: the scheduler's own arrays
     if isinstance(value, torch.Tensor):
         if value.device.type != "cpu":
             raise InvalidBatchError(
@@ -44,40 +46,72 @@ def to_host_int32(name: str, value) -> np.ndarray:
     return arr.astype(np.int32, copy=False)
 
 
-def validate_batch(idx_mapping, cu_num_logits, seq_lens, limits: BatchLimits):
-    """Check the replicated inputs; return them as host int32 arrays."""
-    idx = to_host_int32("idx_mapping", idx_mapping)
-    cu = to_host_int32("cu_num_logits", cu_num_logits)
-    lens = to_host_int32("seq_lens", seq_lens)
-    n = idx.shape[0]
-    if n > limits.max_num_reqs:
-        raise InvalidBatchError(f"batch of {n} requests exceeds max_num_reqs ({limits.max_num_reqs})")
-    if cu.shape[0] != n + 1:
-        raise InvalidBatchError(f"cu_num_logits must have n+1 = {n + 1} entries, got {cu.shape[0]}")
-    if lens.shape[0] != n:
-        raise InvalidBatchError(f"seq_lens must have n = {n} entries, got {lens.shape[0]}")
-    if cu[0] != 0:
-        raise InvalidBatchError(f"cu_num_logits must start at 0, got {cu[0]}")
-    counts = np.diff(cu.astype(np.int64))
-    if n and counts.min() < 1:
-        i = int(np.argmin(counts))
-        raise InvalidBatchError(
-            f"cu_num_logits must be strictly increasing (every request has >= 1 logits row); "
-            f"request {i} has {counts[i]}")
-    if n and counts.max() > limits.max_num_logits_per_req:
+class BatchChecker:
+    """Checks each step's replicated inputs with a few vectorised passes (the step's host budget
+    is microseconds), and tracks which slots hold a request."""
+
+    def __init__(self, limits: BatchLimits):
+        self.limits = limits
+        self.active = np.zeros(limits.max_num_slots, dtype=bool)
+        self._scratch = np.zeros(limits.max_num_slots, dtype=np.int32)
+        self._positions = np.arange(limits.max_num_reqs, dtype=np.int32)
+
+    def check(self, idx_mapping, cu_num_logits, seq_lens, *, require_active: bool = True):
+        """Return the inputs as host int32 arrays, or raise InvalidBatchError saying what is wrong."""
+        lim = self.limits
+        idx = to_host_int32("idx_mapping", idx_mapping)
+        cu = to_host_int32("cu_num_logits", cu_num_logits)
+        lens = to_host_int32("seq_lens", seq_lens)
+        n = idx.shape[0]
+        if n > lim.max_num_reqs:
+            raise InvalidBatchError(f"batch of {n} requests exceeds max_num_reqs ({lim.max_num_reqs})")
+        if cu.shape[0] != n + 1:
+            raise InvalidBatchError(f"cu_num_logits must have n+1 = {n + 1} entries, got {cu.shape[0]}")
+        if lens.shape[0] != n:
+            raise InvalidBatchError(f"seq_lens must have n = {n} entries, got {lens.shape[0]}")
+        if cu[0] != 0:
+            raise InvalidBatchError(f"cu_num_logits must start at 0, got {cu[0]}")
+        if n == 0:
+            return idx, cu, lens
+        # From cu[0] = 0, legal steps keep every entry small, so int32 differences cannot wrap
+        # before the first illegal step is seen.
+        counts = cu[1:] - cu[:-1]
+        if counts.min() < 1 or counts.max() > lim.max_num_logits_per_req:
+            self._raise_counts(counts)
+        # Negative slots turn huge as uint32: one comparison checks both ends.
+        if idx.view(np.uint32).max() >= lim.max_num_slots:
+            bad = idx[(idx < 0) | (idx >= lim.max_num_slots)][0]
+            raise InvalidBatchError(f"slot {bad} in idx_mapping is out of range [0, {lim.max_num_slots})")
+        # Write each request's position at its slot and read it back: a repeated slot keeps only
+        # the last writer, so an earlier request reads a position that is not its own.
+        pos = self._positions[:n]
+        self._scratch[idx] = pos
+        if not np.array_equal(self._scratch[idx], pos):
+            values, hits = np.unique(idx, return_counts=True)
+            raise InvalidBatchError(f"slot {values[hits > 1][0]} appears more than once in idx_mapping")
+        if require_active and not self.active[idx].all():
+            bad = idx[~self.active[idx]][0]
+            raise InvalidBatchError(f"slot {bad} holds no request; call add_request first")
+        if lens.min() < 0:
+            raise InvalidBatchError(f"seq_lens must be >= 0, got {lens.min()}")
+        return idx, cu, lens
+
+    def _raise_counts(self, counts: np.ndarray):
+        low = np.flatnonzero(counts < 1)
+        if low.size:
+            i = int(low[0])
+            raise InvalidBatchError(
+                f"cu_num_logits must be strictly increasing (every request has >= 1 logits row); "
+                f"request {i} has {counts[i]}")
         i = int(np.argmax(counts))
         raise InvalidBatchError(
             f"request {i} has {counts[i]} logits rows, above max_num_logits_per_req "
-            f"({limits.max_num_logits_per_req})")
-    if n and (idx.min() < 0 or idx.max() >= limits.max_num_slots):
-        bad = idx[(idx < 0) | (idx >= limits.max_num_slots)][0]
-        raise InvalidBatchError(f"slot {bad} in idx_mapping is out of range [0, {limits.max_num_slots})")
-    if n and np.unique(idx).shape[0] != n:
-        values, hits = np.unique(idx, return_counts=True)
-        raise InvalidBatchError(f"slot {values[hits > 1][0]} appears more than once in idx_mapping")
-    if n and lens.min() < 0:
-        raise InvalidBatchError(f"seq_lens must be >= 0, got {lens.min()}")
-    return idx, cu, lens
+            f"({self.limits.max_num_logits_per_req})")
+
+
+def validate_batch(idx_mapping, cu_num_logits, seq_lens, limits: BatchLimits):
+    """Check replicated inputs without slot tracking; return them as host int32 arrays."""
+    return BatchChecker(limits).check(idx_mapping, cu_num_logits, seq_lens, require_active=False)
 
 
 def owner_counts(idx: np.ndarray, cu: np.ndarray, tp_size: int) -> tuple[np.ndarray, np.ndarray]:
