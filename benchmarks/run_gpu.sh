@@ -1,13 +1,16 @@
 #!/usr/bin/env bash
 # Every GPU test and the benchmark sweep in one call; results land under $OUT (default ./out).
-# Usage: bash benchmarks/run_gpu.sh [tests|bench|sweep|all]...   (default: all)
+# Usage: bash benchmarks/run_gpu.sh [tests|bench|exchange|profile|sweep|all]...   (default: all)
+# Files: machine.txt, run.log (everything printed), bench.json, exchange.json, gpu_report.jsonl,
+# sweep/sweep.{json,md,png}.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 PYTHONUNBUFFERED=1
-OUT=${OUT:-out}
+export OUT=${OUT:-out}
 mkdir -p "$OUT"
 parts=("${@:-all}")
 want() { [[ " ${parts[*]} " == *" all "* || " ${parts[*]} " == *" $1 "* ]]; }
+log="$OUT/run.log"
 status=0
 {
   nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm,clocks.mem --format=csv
@@ -16,18 +19,27 @@ status=0
 } > "$OUT/machine.txt" 2>&1
 cat "$OUT/machine.txt"
 # Budgets in seconds (one device call may run 10 minutes in all).
-T_TESTS=${T_TESTS:-300} T_BENCH=${T_BENCH:-90} T_SWEEP=${T_SWEEP:-240}
+T_TESTS=${T_TESTS:-300} T_BENCH=${T_BENCH:-90} T_SWEEP=${T_SWEEP:-240} T_PROFILE=${T_PROFILE:-120}
 if want tests; then
-  timeout "$T_TESTS" python3 -m pytest -q -rs --timeout=150 tests/gpu/test_kernels_gpu.py \
-    tests/gpu/test_graphs_gpu.py tests/gpu/test_transports_gpu.py tests/gpu/test_engine_gpu.py \
-    2>&1 | tee "$OUT/gpu_tests.log" || status=1
+  echo "== tests/gpu" | tee -a "$log"
+  timeout "$T_TESTS" python3 -m pytest -q -rs --timeout=150 ${TEST_ARGS:-tests/gpu} 2>&1 | tee -a "$log" || status=1
 fi
 if want bench; then
+  echo "== pytest-benchmark suites" | tee -a "$log"
   timeout "$T_BENCH" python3 -m pytest -q benchmarks --benchmark-json="$OUT/bench.json" \
-    --benchmark-columns=median,iqr,rounds 2>&1 | tee "$OUT/bench.log" || status=1
+    --benchmark-columns=median,iqr,rounds 2>&1 | tee -a "$log" || status=1
+fi
+if want exchange; then
+  echo "== exchange microbenchmark" | tee -a "$log"
+  timeout "$T_PROFILE" python3 -m benchmarks.bench_exchange --out "$OUT/exchange.json" 2>&1 | tee -a "$log" || status=1
+fi
+if want profile; then
+  echo "== step profile" | tee -a "$log"
+  timeout "$T_PROFILE" python3 -m benchmarks.profile_step 2>&1 | tee -a "$log" || status=1
 fi
 if want sweep; then
+  echo "== sweep" | tee -a "$log"
   timeout "$T_SWEEP" python3 -m graphshard bench --config configs/qwen2-152k.toml --out "$OUT/sweep" \
-    ${SWEEP_ARGS:-} 2>&1 | tee "$OUT/sweep.log" || status=1
+    ${SWEEP_ARGS:-} 2>&1 | tee -a "$log" || status=1
 fi
 exit $status

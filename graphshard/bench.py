@@ -146,10 +146,10 @@ def _sweep_config(rank: int, world: int, cfg: Config, settings: SweepSettings) -
         for name, e in engines.items():
             static[name] = e.inputs.logits[:batch]
             static[name].copy_(shard)
-        fns = {name: (lambda e=e, x=static[name]: e.step(idx, cu, seq_lens, x).sampled_token_ids)
+        # Each path returns its whole [n, width] record block: the host reads it in one copy.
+        fns = {name: (lambda e=e, x=static[name]: e.step(idx, cu, seq_lens, x).records)
                for name, e in engines.items()}
-        fns.update({name: (lambda b=b: b.step(idx, cu, seq_lens, shard)[:, 0])
-                    for name, b in baselines.items()})
+        fns.update({name: (lambda b=b: b.step(idx, cu, seq_lens, shard)) for name, b in baselines.items()})
         reference = None
         for name in settings.paths:
             if name not in fns:

@@ -32,15 +32,17 @@ class StepInputs:
         self.grammar_bitmask = torch.full((rows, bitmask_words), -1, dtype=torch.int32, device=device)
         pinned = device.type == "cuda"
         self._staging = [torch.zeros(width, dtype=torch.int32, pin_memory=pinned) for _ in range(2)]
-        self._staged = [None, None]
+        # One event per staging buffer marks when the copy that read it has run.
+        self._copied = [torch.cuda.Event() for _ in range(2)] if pinned else None
+        self._pending = [False, False]
         self._turn = 0
 
     def write_meta(self, idx: np.ndarray, cu: np.ndarray, seq_lens: np.ndarray, bitmask_on: bool):
         """Stage the replicated host arrays and copy them to the device (no host sync on CUDA)."""
         k = self._turn
         self._turn ^= 1
-        if self._staged[k] is not None:
-            self._staged[k].synchronize()  # only waits if the device is two steps behind
+        if self._pending[k]:
+            self._copied[k].synchronize()  # only waits if the device is two steps behind
         host = self._staging[k].numpy()
         n = idx.shape[0]
         o_idx = 1
@@ -56,10 +58,9 @@ class StepInputs:
         host[o_len + n:o_flag] = 0
         host[o_flag] = int(bitmask_on)
         self.meta.copy_(self._staging[k], non_blocking=True)
-        if self.device.type == "cuda":
-            event = torch.cuda.Event()
-            event.record()
-            self._staged[k] = event
+        if self._copied is not None:
+            self._copied[k].record()
+            self._pending[k] = True
 
     def write_logits(self, logits: torch.Tensor, num_logits: int) -> None:
         """Copy the caller's shard in, unless the decode loop wrote straight into `self.logits`."""

@@ -66,8 +66,13 @@ class RecordLayout:
 
 @dataclass(frozen=True)
 class SamplerOutput:
-    """Views into a [n, width] record buffer, batch order. Nothing here is copied."""
+    """Views into a [n, width] record buffer, batch order. Nothing here is copied.
 
+    `records` is the contiguous block itself: a decode loop reads every result with one copy
+    (`unpack(out.records.cpu(), layout)`) instead of one per field.
+    """
+
+    records: torch.Tensor  # [n, width] int32
     sampled_token_ids: torch.Tensor  # [n, M] int32
     num_sampled: torch.Tensor  # [n] int32
     num_rejected: torch.Tensor  # [n] int32
@@ -86,6 +91,7 @@ def unpack(records: torch.Tensor, layout: RecordLayout) -> SamplerOutput:
     m, k = layout.max_num_logits_per_req, layout.num_logprobs
     n = records.shape[0]
     out = dict(
+        records=records,
         sampled_token_ids=records[:, :m],
         num_sampled=records[:, layout.num_sampled],
         num_rejected=records[:, layout.num_rejected],

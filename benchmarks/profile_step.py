@@ -1,0 +1,97 @@
+"""Where one graphshard step spends its time, on 2 GPUs: host parts and device parts separately.
+
+Usage: python3 -m benchmarks.profile_step [--vocab 152064] [--dtype float32] [--transport p2p]
+Prints one table per batch size; every number is a median over many steps on rank 0.
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+
+import numpy as np
+import torch
+import torch.distributed as dist
+
+from graphshard.config import Config
+from graphshard.distributed import spawn
+from graphshard.engine import Engine
+from graphshard.params import SamplingParams
+
+BATCHES = (1, 32, 256, 1024)
+
+
+def _median_us(fn, iters=200) -> float:
+    times = []
+    for _ in range(iters):
+        t0 = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t0)
+    return float(np.median(times) * 1e6)
+
+
+def _gpu_us(fn, iters=50) -> float:
+    times = []
+    for _ in range(iters):
+        dist.barrier()
+        torch.cuda.synchronize()
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        fn()
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end) * 1000)
+    return float(np.median(times))
+
+
+def profile_rank(rank, world, vocab, dtype, transport):
+    cfg = Config(vocab_size=vocab, max_num_reqs=max(BATCHES), max_num_slots=2 * max(BATCHES),
+                 logits_dtype=dtype, buckets=BATCHES, transport=transport, graph_backend="cuda")
+    engine = Engine(cfg)
+    for slot in range(cfg.max_num_slots):
+        engine.add_request(slot, SamplingParams(temperature=0.0))
+    engine.capture()
+    rows = []
+    for n in BATCHES:
+        idx, cu = np.arange(n, dtype=np.int32), np.arange(n + 1, dtype=np.int32)
+        lens = np.full(n, 100, np.int32)
+        x = engine.inputs.logits[:n]
+        x.normal_()
+        out = engine.step(idx, cu, lens, x)
+        key = engine._choose_key(n, idx, cu, n).as_key()
+        host = torch.empty_like(out.records, device="cpu").pin_memory()
+        row = {"batch": n}
+        row["check_us"] = _median_us(lambda: engine.checker.check(idx, cu, lens))
+        row["write_meta_us"] = _median_us(lambda: engine.inputs.write_meta(idx, cu, lens, False))
+        torch.cuda.synchronize()
+        dist.barrier()
+        row["replay_host_us"] = _median_us(lambda: engine.graphs.replay(key), iters=50)
+        torch.cuda.synchronize()
+        dist.barrier()
+        row["step_issue_us"] = _median_us(lambda: engine.step(idx, cu, lens, x), iters=50)
+        torch.cuda.synchronize()
+        row["replay_gpu_us"] = _gpu_us(lambda: engine.graphs.replay(key))
+        row["step_gpu_us"] = _gpu_us(lambda: engine.step(idx, cu, lens, x))
+        torch.cuda.synchronize()
+        row["read_pinned_us"] = _median_us(lambda: host.copy_(out.records), iters=50)
+        row["read_cpu_us"] = _median_us(lambda: out.records.cpu(), iters=50)
+        rows.append(row)
+    return rows
+
+
+def main():
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--vocab", type=int, default=152064)
+    parser.add_argument("--dtype", default="float32")
+    parser.add_argument("--transport", default="p2p")
+    args = parser.parse_args()
+    rows = spawn(profile_rank, 2, args.vocab, args.dtype, args.transport, backend="nccl", timeout_s=600)[0]
+    keys = list(rows[0])
+    print(f"transport={args.transport} vocab={args.vocab} dtype={args.dtype} (rank 0, medians)")
+    print(" | ".join(f"{k:>14s}" for k in keys))
+    for r in rows:
+        print(" | ".join(f"{r[k]:14.1f}" for k in keys))
+
+
+if __name__ == "__main__":
+    main()
