@@ -32,6 +32,7 @@ class StepInputs:
         self.grammar_bitmask = torch.full((rows, bitmask_words), -1, dtype=torch.int32, device=device)
         pinned = device.type == "cuda"
         self._staging = [torch.zeros(width, dtype=torch.int32, pin_memory=pinned) for _ in range(2)]
+        self._host_views = [np.split(t.numpy(), np.cumsum(self._sizes)[:-1]) for t in self._staging]
         # One event per staging buffer marks when the copy that read it has run.
         self._copied = [torch.cuda.Event() for _ in range(2)] if pinned else None
         self._pending = [False, False]
@@ -43,20 +44,14 @@ class StepInputs:
         self._turn ^= 1
         if self._pending[k]:
             self._copied[k].synchronize()  # only waits if the device is two steps behind
-        host = self._staging[k].numpy()
+        host = self._host_views[k]
         n = idx.shape[0]
-        o_idx = 1
-        o_cu = o_idx + self.max_num_reqs
-        o_len = o_cu + self.max_num_reqs + 1
-        o_flag = o_len + self.max_num_reqs
-        host[0] = n
-        host[o_idx:o_idx + n] = idx
-        host[o_idx + n:o_cu] = 0
-        host[o_cu:o_cu + n + 1] = cu
-        host[o_cu + n + 1:o_len] = cu[-1]  # keep the padded prefix sums non-decreasing
-        host[o_len:o_len + n] = seq_lens
-        host[o_len + n:o_flag] = 0
-        host[o_flag] = int(bitmask_on)
+        # Entries past n are never read (the plan masks by n), so only the live prefix is written.
+        host[0][0] = n
+        host[1][:n] = idx
+        host[2][:n + 1] = cu
+        host[3][:n] = seq_lens
+        host[4][0] = bitmask_on
         self.meta.copy_(self._staging[k], non_blocking=True)
         if self._copied is not None:
             self._copied[k].record()
