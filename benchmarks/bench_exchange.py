@@ -16,6 +16,7 @@ import torch
 import torch.distributed as dist
 
 from graphshard.bench import measure_peak_p2p_gbs
+from benchmarks.timing import events_us
 from graphshard.distributed import spawn
 from graphshard.engine import DTYPES
 from graphshard.plan import plan
@@ -24,20 +25,6 @@ from graphshard.transports import make_transport
 
 ROWS = (1, 8, 64, 256, 1024)
 P2P_BLOCKS = (64, 128, 256)
-
-
-def _time_us(fn, iters=30) -> float:
-    times = []
-    for _ in range(iters + 3):
-        dist.barrier()
-        torch.cuda.synchronize()
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        fn()
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end) * 1000)
-    return float(np.median(times[3:]))
 
 
 def _graph(fn):
@@ -80,7 +67,7 @@ def bench_rank(rank, world, vocab, dtype_name):
                 g = _graph(lambda t=t, cap=cap: t.exchange(buf, logits, None, cap))
             else:
                 g = _graph(lambda t=t: t.exchange(buf, logits, None, n))
-            result[name] = _time_us(g.replay)
+            result[name] = events_us(g.replay, barrier=True)
         owner = np.arange(n) % world
         splits = np.bincount(owner, minlength=world).tolist()
         send_rows = torch.from_numpy(np.argsort(owner, kind="stable")).to(device)
@@ -91,7 +78,7 @@ def bench_rank(rank, world, vocab, dtype_name):
             dist.all_to_all_single(recv, send, output_split_sizes=[splits[rank]] * world,
                                    input_split_sizes=splits)
 
-        result["eager_a2a"] = _time_us(eager)
+        result["eager_a2a"] = events_us(eager, barrier=True)
         rows_out.append(result)
     return rows_out
 

@@ -14,6 +14,7 @@ import torch
 import torch.distributed as dist
 
 from graphshard.config import Config
+from benchmarks.timing import events_us
 from graphshard.distributed import spawn
 from graphshard.engine import Engine
 from graphshard.params import SamplingParams
@@ -28,20 +29,6 @@ def _median_us(fn, iters=200) -> float:
         fn()
         times.append(time.perf_counter() - t0)
     return float(np.median(times) * 1e6)
-
-
-def _gpu_us(fn, iters=50) -> float:
-    times = []
-    for _ in range(iters):
-        dist.barrier()
-        torch.cuda.synchronize()
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        fn()
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end) * 1000)
-    return float(np.median(times))
 
 
 def profile_rank(rank, world, vocab, dtype, transport):
@@ -70,8 +57,8 @@ def profile_rank(rank, world, vocab, dtype, transport):
         dist.barrier()
         row["step_issue_us"] = _median_us(lambda: engine.step(idx, cu, lens, x), iters=50)
         torch.cuda.synchronize()
-        row["replay_gpu_us"] = _gpu_us(lambda: engine.graphs.replay(key))
-        row["step_gpu_us"] = _gpu_us(lambda: engine.step(idx, cu, lens, x))
+        row["replay_gpu_us"] = events_us(lambda: engine.graphs.replay(key), iters=50, barrier=True)
+        row["step_gpu_us"] = events_us(lambda: engine.step(idx, cu, lens, x), iters=50, barrier=True)
         torch.cuda.synchronize()
         row["read_pinned_us"] = _median_us(lambda: host.copy_(out.records), iters=50)
         row["read_cpu_us"] = _median_us(lambda: out.records.cpu(), iters=50)

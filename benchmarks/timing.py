@@ -35,3 +35,23 @@ def replay_us(graph: torch.cuda.CUDAGraph, per_replay: int, trials: int = 20) ->
         times.append(start.elapsed_time(end) * 1000.0 / per_replay)
     times = sorted(times[3:])
     return {"median_us": statistics.median(times), "p90_us": times[int(0.9 * (len(times) - 1))]}
+
+
+def events_us(fn, iters: int = 30, warmup: int = 3, barrier: bool = False) -> float:
+    """Median device microseconds of `fn()` between two CUDA events (after `warmup` calls);
+    with `barrier`, every rank starts each call together."""
+    import torch.distributed as dist
+
+    times = []
+    for i in range(warmup + iters):
+        if barrier:
+            dist.barrier()
+        torch.cuda.synchronize()
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        fn()
+        end.record()
+        end.synchronize()
+        if i >= warmup:
+            times.append(start.elapsed_time(end) * 1000.0)
+    return statistics.median(times)
