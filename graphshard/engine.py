@@ -31,6 +31,19 @@ logger = logging.getLogger(__name__)
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
+SAMPLER_CONTRACT = """A replacement sampler is a callable with the keyword signature of
+`graphshard.sampler.sample`: `(logits, *, vocab_size, num_reqs, req_slots, cu_num_logits,
+seq_lens, tables, layout, records, max_num_reqs, draft_tokens, bitmask, bitmask_rows,
+bitmask_enabled)`. It runs inside the captured step, so it must:
+- read the request count from `num_reqs` (int32 [1], device) and treat `max_num_reqs` as a static
+  bound: no `.item()`, `.tolist()`, `.cpu()`, `nonzero` or Python branch on tensor values;
+- write one packed record per request j < n into `records[j]` (`graphshard.records` layout) and
+  allocate nothing that outlives the call;
+- draw random tokens from (slot seed, position, token id) only, if the sharded result is to
+  equal the unsharded one.
+`graphshard.testing.check_graph_safe` (CPU, emulated graphs) checks a sampler against the first
+two rules; an Engine built with it on the emulated backend refuses violations at capture."""
+
 
 @dataclass(frozen=True)
 class StepKey:
@@ -54,8 +67,10 @@ class Engine:
     """Batch-sharded sampling for one TP group. Every rank builds one with the same config."""
 
     def __init__(self, config: Config, group: dist.ProcessGroup | None = None,
-                 device: torch.device | str | None = None):
+                 device: torch.device | str | None = None, sampler=None):
+        """`sampler` replaces the built-in Triton sampler; see `SAMPLER_CONTRACT`."""
         self.config = config
+        self.sample = sampler if sampler is not None else sample
         distributed = dist.is_available() and dist.is_initialized()
         self.group = group if group is not None else (dist.group.WORLD if distributed else None)
         self.tp_size = dist.get_world_size(self.group) if self.group is not None else 1
@@ -145,7 +160,7 @@ class Engine:
                  num_reqs=inp.num_reqs, tp_rank=self.tp_rank, gather_stride=cap_reqs,
                  max_num_logits_per_req=m, draft_token_ids=drafts)
             full = self.transport.exchange(pb, inp.logits, None, capacity)
-            sample(full, vocab_size=self.config.vocab_size, num_reqs=pb.local_num_reqs,
+            self.sample(full, vocab_size=self.config.vocab_size, num_reqs=pb.local_num_reqs,
                    req_slots=pb.local_idx_mapping, cu_num_logits=pb.local_cu_num_logits,
                    seq_lens=pb.local_seq_lens, tables=self.tables, layout=self.layout,
                    records=self.local_records, max_num_reqs=cap_reqs,
@@ -164,7 +179,7 @@ class Engine:
                 full = inp.logits
             else:
                 full = self.transport.all_gather_vocab(inp.logits, None, bucket * m)
-            sample(full, vocab_size=self.config.vocab_size, num_reqs=inp.num_reqs,
+            self.sample(full, vocab_size=self.config.vocab_size, num_reqs=inp.num_reqs,
                    req_slots=inp.idx_mapping, cu_num_logits=inp.cu_num_logits, seq_lens=inp.seq_lens,
                    tables=self.tables, layout=self.layout, records=self.records, max_num_reqs=bucket,
                    draft_tokens=inp.draft_token_ids if m > 1 else None,
