@@ -1,11 +1,13 @@
-"""Graph-safe sampling of a sub-batch of requests: one Triton program per request.
+"""Graph-safe sampling of a sub-batch of requests: a split-vocabulary pass, then one program
+per request.
 
 Contract
 --------
 Request `j` owns logits rows `cu_num_logits[j] .. cu_num_logits[j+1]-1` (`m_j` rows, at most the
-layout's M; extra rows are ignored). The request count `n` is read from device memory; the grid
-is the static bound `max_num_reqs` and programs `j >= n` exit at once, so one compiled kernel
-serves every batch size and padded requests cost nothing. Records past `n` are not touched.
+layout's M; extra rows are ignored). The request count `n` is read from device memory; the grids
+are static bounds (`max_num_reqs`) and programs of requests `j >= n` exit at once, so one
+compiled pair of kernels serves every batch size and padded requests cost nothing. Records past
+`n` are not touched.
 
 Per row, with the slot's parameters (`graphshard.params.SlotTables`):
 - Only columns `< vocab_size` exist: padding columns are never read, sampled or reported.
@@ -40,6 +42,20 @@ slot's `num_logprobs`, rows `r >= num_sampled` and slots without logprobs hold i
 -inf, sampled logprob -inf and rank 0.
 
 Results land in one packed int32 record per request (`graphshard.records`).
+
+Execution
+---------
+A request's rows would take one SM through the whole vocabulary, so the one-pass work is split:
+1. `_sample_partials_kernel`, grid `(max_num_reqs, SPLITS)`: program (j, c) scans vocabulary
+   chunk c (`CHUNK` columns) of each of the request's rows once and writes, per row, the NaN
+   flag, the max masked logit with its lowest id and, for random rows without filters, the
+   Gumbel-max score with its lowest id into a `SamplerWorkspace`.
+2. `_sample_kernel`, grid `(max_num_reqs,)`: combines the chunks (max, then lowest id: exactly
+   the one-pass result, ties and "no finite score -> token 0" included), runs the whole-row
+   passes only for rows that need them (filtered random draws, logprobs), verifies drafts and
+   writes the record.
+Greedy and unfiltered random rows are read once in total; CHUNK and SPLITS depend only on the
+vocabulary, not on the batch.
 """
 
 from __future__ import annotations
@@ -52,6 +68,7 @@ from graphshard import rng
 from graphshard.launch import check_int32_vector, launch
 from graphshard.params import SlotTables
 from graphshard.records import RecordLayout
+from graphshard.sampler_rows import draw_filtered, logprob_row, scan_chunk, uses_filters
 
 LOGITS_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 MAX_BLOCK_SIZE = 2048
@@ -60,192 +77,95 @@ MAX_BLOCK_SIZE = 2048
 SMALL_BLOCK_SIZE = 512
 # Bits of the threshold decided per pass of the threshold search: 16 candidates, 8 passes.
 RADIX_BITS = 4
+# Vocabulary columns per program of the split pass: a 152K vocabulary spreads over 19 SMs.
+CHUNK_SIZE = 8192
+
+# Partial results per (request, row, split), int32 (floats as bits): [max_num_reqs, M, 5, SPLITS].
+NUM_FIELDS = tl.constexpr(5)
+NAN_FIELD = tl.constexpr(0)  # 1 if the chunk holds a NaN
+MAX_X_FIELD = tl.constexpr(1)  # max masked logit (fp32 bits)
+ARG_X_FIELD = tl.constexpr(2)  # its lowest id
+MAX_Z_FIELD = tl.constexpr(3)  # max Gumbel score s + g (fp32 bits), random rows without filters
+ARG_Z_FIELD = tl.constexpr(4)  # its lowest id
 
 
 @triton.jit
-def _order_key(x):
-    """fp32 -> uint32 with the same order, so a float threshold can be searched bit by bit."""
-    b = x.to(tl.uint32, bitcast=True)
-    return tl.where((b >> 31) != 0, b ^ 0xFFFFFFFF, b | 0x80000000)
+def _combine_max(part_ptr, VAL_FIELD: tl.constexpr, ARG_FIELD: tl.constexpr, SPLITS: tl.constexpr,
+                 SPLITS_P: tl.constexpr):
+    """(max, lowest id at it) of a row from its chunks' (max, lowest id at the chunk max) pairs."""
+    splits = tl.arange(0, SPLITS_P)
+    live = splits < SPLITS
+    vals = tl.load(part_ptr + VAL_FIELD * SPLITS + splits, mask=live, other=0)
+    vals = tl.where(live, vals.to(tl.float32, bitcast=True), float("-inf"))
+    ids = tl.load(part_ptr + ARG_FIELD * SPLITS + splits, mask=live, other=2147483647)
+    best = tl.max(vals, axis=0)
+    return best, tl.min(tl.where(vals == best, ids, 2147483647), axis=0)
 
 
-@triton.jit
-def _key_to_float(k):
-    b = tl.where((k >> 31) != 0, k ^ 0x80000000, k ^ 0xFFFFFFFF)
-    return b.to(tl.float32, bitcast=True)
-
-
-@triton.jit
-def _load_masked(row_ptr, mask_row_ptr, mask_on, offs, VOCAB: tl.constexpr, HAS_BITMASK: tl.constexpr):
-    """One vocab tile of a row: (fp32 logits with NaN/padding/disallowed = -inf, NaN flags)."""
-    valid = offs < VOCAB
-    x = tl.load(row_ptr + offs, mask=valid, other=float("-inf")).to(tl.float32)
-    is_nan = x != x
-    x = tl.where(is_nan, float("-inf"), x)
-    if HAS_BITMASK:
-        # A step without a bitmask masks the load off: no bytes read, every token allowed.
-        words = tl.load(mask_row_ptr + offs // 32, mask=valid & mask_on, other=-1)
-        allowed = ((words >> (offs % 32)) & 1) != 0
-        x = tl.where(allowed, x, float("-inf"))
-    return x, is_nan
-
-
-@triton.jit
-def _scan_row(row_ptr, mask_row_ptr, mask_on, VOCAB: tl.constexpr, inv_temp, key, thr_key, min_score,
-              DRAW: tl.constexpr, BLOCK: tl.constexpr, HAS_BITMASK: tl.constexpr):
-    """One pass over a row -> (has NaN, max masked logit, its lowest id, drawn token).
-
-    With DRAW, also the Gumbel-max token over the scores kept by the thresholds (key of the
-    score >= thr_key and score >= min_score). Per-lane running results keep reductions out of
-    the loop; a lane only ever sees increasing ids, so strict `>` keeps the lowest id."""
-    lanes = tl.arange(0, BLOCK)
-    any_nan = tl.zeros([BLOCK], tl.int1)
-    best_x = tl.full([BLOCK], float("-inf"), tl.float32)
-    best_xi = tl.zeros([BLOCK], tl.int32)
-    best_z = tl.full([BLOCK], float("-inf"), tl.float32)
-    best_zi = tl.zeros([BLOCK], tl.int32)
-    for start in range(0, VOCAB, BLOCK):
-        offs = start + lanes
-        x, is_nan = _load_masked(row_ptr, mask_row_ptr, mask_on, offs, VOCAB, HAS_BITMASK)
-        any_nan = any_nan | is_nan
-        better = x > best_x
-        best_xi = tl.where(better, offs, best_xi)
-        best_x = tl.where(better, x, best_x)
-        if DRAW:
-            s = x * inv_temp
-            kept = (_order_key(s) >= thr_key) & (s >= min_score)
-            z = tl.where(kept, s + rng.gumbel(key, offs), float("-inf"))
-            better = z > best_z
-            best_zi = tl.where(better, offs, best_zi)
-            best_z = tl.where(better, z, best_z)
-    has_nan = tl.max(any_nan.to(tl.int32), axis=0)
-    max_x = tl.max(best_x, axis=0)
-    # A lane that never beat -inf still holds id 0: a row without finite scores yields token 0.
-    arg_x = tl.min(tl.where(best_x == max_x, best_xi, 2147483647), axis=0)
-    max_z = tl.max(best_z, axis=0)
-    arg_z = tl.min(tl.where(best_z == max_z, best_zi, 2147483647), axis=0)
-    return has_nan, max_x, arg_x, arg_z
-
-
-@triton.jit
-def _search_threshold(row_ptr, mask_row_ptr, mask_on, VOCAB: tl.constexpr, inv_temp, max_score, floor_key,
-                      goal, BY_MASS: tl.constexpr, BLOCK: tl.constexpr,
-                      HAS_BITMASK: tl.constexpr, RADIX_BITS: tl.constexpr):
-    """Largest uint32 key T with W(key(s) >= T) >= target, decided RADIX_BITS bits per pass.
-
-    W counts tokens (top-k: target = goal = k), or sums exp(s - max_score) over tokens whose
-    key >= floor_key (top-p: target = goal * total mass). W is non-increasing in T, so the
-    number of candidate digits meeting the target picks the next digit; the result is exactly
-    the k-th largest key, or the smallest kept probability of top-p."""
-    RADIX: tl.constexpr = 1 << RADIX_BITS
-    lanes = tl.arange(0, BLOCK)
-    digits = tl.arange(0, RADIX).to(tl.uint32)
-    prefix = tl.full((), 0, tl.uint32)
-    target = goal
-    for p in tl.static_range(32 // RADIX_BITS):
-        shift = 32 - RADIX_BITS * (p + 1)
-        cand = prefix | (digits << shift)  # [RADIX]
-        acc = tl.zeros([RADIX], tl.float32)
-        for start in range(0, VOCAB, BLOCK):
-            offs = start + lanes
-            x, _ = _load_masked(row_ptr, mask_row_ptr, mask_on, offs, VOCAB, HAS_BITMASK)
-            s = x * inv_temp
-            k = _order_key(s)
-            if BY_MASS:
-                w = tl.where((offs < VOCAB) & (k >= floor_key), tl.exp(s - max_score), 0.0)
-            else:
-                w = tl.where(offs < VOCAB, 1.0, 0.0)
-            hit = k[None, :] >= cand[:, None]  # [RADIX, BLOCK]
-            acc += tl.sum(tl.where(hit, w[None, :], 0.0), axis=1)
-        if p == 0:
-            if BY_MASS:
-                # Candidate 0 is key 0: everything, so the largest entry is the total mass.
-                target = goal * tl.max(acc, axis=0)
-        digit = tl.maximum(tl.sum((acc >= target).to(tl.int32), axis=0) - 1, 0)
-        prefix = prefix | (digit.to(tl.uint32) << shift)
-    return prefix
-
-
-@triton.jit
-def _sample_row(row_ptr, mask_row_ptr, mask_on, VOCAB: tl.constexpr, key, temperature, top_k, top_p,
-                min_p, BLOCK: tl.constexpr, SMALL_BLOCK: tl.constexpr, HAS_BITMASK: tl.constexpr,
-                RADIX_BITS: tl.constexpr):
-    """-> (token, has NaN) of one active row; greedy and unfiltered rows take one pass."""
+@triton.jit(do_not_specialize=["bitmask_stride"])
+def _sample_partials_kernel(
+    logits_ptr,  # [num_rows, padded_vocab] fp32/bf16/fp16
+    logits_stride,
+    num_reqs_ptr,  # [1] int32: n
+    req_slots_ptr,  # [>= n] int32
+    cu_num_logits_ptr,  # [>= n + 1] int32
+    seq_lens_ptr,  # [>= n] int32
+    bitmask_ptr,  # [num_bitmask_rows, ceil(vocab / 32)] int32 (HAS_BITMASK)
+    bitmask_stride,
+    bitmask_rows_ptr,  # [num_rows] int32 (HAS_BITMASK)
+    bitmask_on_ptr,  # [1] int32: 0 = this step has no bitmask (HAS_BITMASK_FLAG)
+    temperature_ptr, top_k_ptr, top_p_ptr, min_p_ptr, seed_lo_ptr, seed_hi_ptr,  # [max_num_slots]
+    partials_ptr,  # [>= n, M, NUM_FIELDS, SPLITS] int32
+    VOCAB: tl.constexpr, M: tl.constexpr, CHUNK: tl.constexpr, SPLITS: tl.constexpr,
+    HAS_BITMASK: tl.constexpr, HAS_BITMASK_FLAG: tl.constexpr, BLOCK: tl.constexpr,
+):
+    req = tl.program_id(0)
+    if req >= tl.load(num_reqs_ptr):
+        return
+    split = tl.program_id(1)
+    slot = tl.load(req_slots_ptr + req)
+    first_row = tl.load(cu_num_logits_ptr + req)
+    m = tl.minimum(tl.load(cu_num_logits_ptr + req + 1) - first_row, M)
+    seq_len = tl.load(seq_lens_ptr + req)
+    temperature = tl.load(temperature_ptr + slot)
+    filtered = uses_filters(tl.load(top_k_ptr + slot), tl.load(top_p_ptr + slot),
+                            tl.load(min_p_ptr + slot), VOCAB)
+    seed_lo = tl.load(seed_lo_ptr + slot)
+    seed_hi = tl.load(seed_hi_ptr + slot)
     is_random = temperature > 0.0
     inv_temp = 1.0 / tl.where(is_random, temperature, 1.0)
-    use_top_k = (top_k > 0) & (top_k < VOCAB)
-    use_top_p = top_p < 1.0
-    use_min_p = min_p > 0.0
+    # Filtered rows draw in the per-request pass, once their thresholds are known.
+    draw = is_random & ~filtered
+
+    mask_on = True
+    if HAS_BITMASK_FLAG:
+        mask_on = tl.load(bitmask_on_ptr) != 0
+    lo = split * CHUNK
     no_key = tl.full((), 0, tl.uint32)
-    if is_random & (use_top_k | use_top_p | use_min_p):
-        has_nan, max_x, _, _ = _scan_row(row_ptr, mask_row_ptr, mask_on, VOCAB, inv_temp, key, no_key,
-                                         float("-inf"), False, BLOCK, HAS_BITMASK)
-        max_score = max_x * inv_temp
-        # Without a finite score the row samples token 0 anyway; skip the searches.
-        finite = max_score > float("-inf")
-        thr = no_key
-        if use_top_k & finite:
-            thr = _search_threshold(row_ptr, mask_row_ptr, mask_on, VOCAB, inv_temp, max_score, no_key,
-                                    top_k.to(tl.float32), False, SMALL_BLOCK, HAS_BITMASK,
-                                    RADIX_BITS)
-        if use_top_p & finite:
-            thr = _search_threshold(row_ptr, mask_row_ptr, mask_on, VOCAB, inv_temp, max_score, thr,
-                                    top_p, True, SMALL_BLOCK, HAS_BITMASK, RADIX_BITS)
-        # p / p_max = exp(s - s_max), whatever the normalisation.
-        min_score = tl.where(use_min_p, max_score + tl.log(tl.where(use_min_p, min_p, 1.0)),
-                             float("-inf"))
-        _, _, _, token = _scan_row(row_ptr, mask_row_ptr, mask_on, VOCAB, inv_temp, key, thr, min_score,
-                                   True, BLOCK, HAS_BITMASK)
-    elif is_random:
-        has_nan, _, _, token = _scan_row(row_ptr, mask_row_ptr, mask_on, VOCAB, inv_temp, key, no_key,
-                                         float("-inf"), True, BLOCK, HAS_BITMASK)
-    else:
-        has_nan, _, token, _ = _scan_row(row_ptr, mask_row_ptr, mask_on, VOCAB, inv_temp, key, no_key,
-                                         float("-inf"), False, BLOCK, HAS_BITMASK)
-    return token, has_nan
-
-
-@triton.jit
-def _logprob_row(row_ptr, VOCAB: tl.constexpr, token, BLOCK: tl.constexpr, K_P: tl.constexpr):
-    """Raw log-softmax facts of one row -> (top-K_P ids [K_P], their logprobs, the token's
-    logprob, its rank). The running top-K_P is a sorted list of 64-bit keys (value key, then
-    inverted id, so ties rank lower ids first) merged with a tile only when the tile beats it."""
-    lanes = tl.arange(0, BLOCK)
-    tok_x = tl.load(row_ptr + token).to(tl.float32)
-    tok_x = tl.where(tok_x != tok_x, float("-inf"), tok_x)
-    run_max = tl.full([BLOCK], float("-inf"), tl.float32)
-    run_sum = tl.zeros([BLOCK], tl.float32)
-    above = tl.zeros([BLOCK], tl.int32)
-    best = tl.zeros([K_P], tl.uint64)  # descending; 0 = empty (every real key is larger)
-    floor = tl.full((), 0, tl.uint64)
-    for start in range(0, VOCAB, BLOCK):
-        offs = start + lanes
-        valid = offs < VOCAB
-        x = tl.load(row_ptr + offs, mask=valid, other=float("-inf")).to(tl.float32)
-        x = tl.where(x != x, float("-inf"), x)
-        new_max = tl.maximum(run_max, x)
-        scale = tl.where(new_max == run_max, 1.0, tl.exp(run_max - new_max))
-        run_sum = run_sum * scale + tl.where(x == float("-inf"), 0.0, tl.exp(x - new_max))
-        run_max = new_max
-        above += (x > tok_x).to(tl.int32)
-        inverted_id = offs.to(tl.uint32) ^ 0xFFFFFFFF
-        rank_key = (_order_key(x).to(tl.uint64) << 32) | inverted_id.to(tl.uint64)
-        rank_key = tl.where(valid, rank_key, 0)
-        if tl.max(rank_key, axis=0) > floor:
-            top = tl.topk(rank_key, K_P)
-            # Descending vs ascending, element-wise max: the K_P largest of both (bitonic).
-            best = tl.sort(tl.maximum(best, tl.flip(top, 0)), descending=True)
-            floor = tl.min(best, axis=0)
-    row_max = tl.max(run_max, axis=0)
-    lane_sum = tl.where(run_max == float("-inf"), 0.0, run_sum * tl.exp(run_max - row_max))
-    total = tl.sum(lane_sum, axis=0)
-    lse = tl.where(row_max == float("-inf"), 0.0, row_max + tl.log(total))
-    empty = best == 0
-    ids = ((best & 0xFFFFFFFF).to(tl.uint32) ^ 0xFFFFFFFF).to(tl.int32, bitcast=True)
-    ids = tl.where(empty, -1, ids)
-    vals = tl.where(empty, float("-inf"), _key_to_float((best >> 32).to(tl.uint32)) - lse)
-    rank = 1 + tl.sum(above, axis=0)
-    return ids, vals, tok_x - lse, rank
+    # A static trip count (M is small): the Triton interpreter cannot loop to a loaded bound.
+    for r in range(0, M):
+        if r < m:
+            row = first_row + r
+            row_ptr = logits_ptr + row.to(tl.int64) * logits_stride
+            mask_row_ptr = bitmask_ptr
+            if HAS_BITMASK:
+                mask_row = tl.load(bitmask_rows_ptr + row).to(tl.int64)
+                mask_row_ptr = bitmask_ptr + mask_row * bitmask_stride
+            key = rng.row_key(seed_lo, seed_hi, seq_len + r)
+            if draw:
+                has_nan, max_x, arg_x, max_z, arg_z = scan_chunk(
+                    row_ptr, mask_row_ptr, mask_on, lo, CHUNK, VOCAB, inv_temp, key, no_key,
+                    float("-inf"), True, BLOCK, HAS_BITMASK)
+            else:
+                has_nan, max_x, arg_x, max_z, arg_z = scan_chunk(
+                    row_ptr, mask_row_ptr, mask_on, lo, CHUNK, VOCAB, inv_temp, key, no_key,
+                    float("-inf"), False, BLOCK, HAS_BITMASK)
+            out = partials_ptr + (req * M + r).to(tl.int64) * (NUM_FIELDS * SPLITS) + split
+            tl.store(out + NAN_FIELD * SPLITS, has_nan)
+            tl.store(out + MAX_X_FIELD * SPLITS, max_x.to(tl.int32, bitcast=True))
+            tl.store(out + ARG_X_FIELD * SPLITS, arg_x)
+            tl.store(out + MAX_Z_FIELD * SPLITS, max_z.to(tl.int32, bitcast=True))
+            tl.store(out + ARG_Z_FIELD * SPLITS, arg_z)
 
 
 # logits_stride stays specialised: the engine's logits buffer fixes it, and a stride divisible
@@ -265,9 +185,11 @@ def _sample_kernel(
     bitmask_on_ptr,  # [1] int32: 0 = this step has no bitmask (HAS_BITMASK_FLAG)
     temperature_ptr, top_k_ptr, top_p_ptr, min_p_ptr,  # [max_num_slots] each
     seed_lo_ptr, seed_hi_ptr, num_logprobs_ptr,
+    partials_ptr,  # [>= n, M, NUM_FIELDS, SPLITS] int32, written by _sample_partials_kernel
     records_ptr,  # [>= n, width] int32
     records_stride,
     VOCAB: tl.constexpr, M: tl.constexpr, M_P: tl.constexpr, K: tl.constexpr, K_P: tl.constexpr,
+    SPLITS: tl.constexpr, SPLITS_P: tl.constexpr,
     HAS_DRAFTS: tl.constexpr, HAS_BITMASK: tl.constexpr, HAS_BITMASK_FLAG: tl.constexpr,
     BLOCK: tl.constexpr, SMALL_BLOCK: tl.constexpr, RADIX_BITS: tl.constexpr,
 ):
@@ -284,34 +206,40 @@ def _sample_kernel(
     min_p = tl.load(min_p_ptr + slot)
     seed_lo = tl.load(seed_lo_ptr + slot)
     seed_hi = tl.load(seed_hi_ptr + slot)
+    is_random = temperature > 0.0
+    inv_temp = 1.0 / tl.where(is_random, temperature, 1.0)
+    filtered = uses_filters(top_k, top_p, min_p, VOCAB)
 
     mask_on = True
     if HAS_BITMASK_FLAG:
         mask_on = tl.load(bitmask_on_ptr) != 0
     row_ids = tl.arange(0, M_P)
+    splits = tl.arange(0, SPLITS_P)
     samples = tl.full([M_P], -1, tl.int32)
     accepted = m - 1
     stopped = 0
     num_nans = 0
-    no_key = tl.full((), 0, tl.uint32)
-    # A static trip count (M is small): the Triton interpreter cannot loop to a loaded bound.
     for r in range(0, M):
         if r < m:
             row = first_row + r
-            row_ptr = logits_ptr + row.to(tl.int64) * logits_stride
-            mask_row_ptr = bitmask_ptr
-            if HAS_BITMASK:
-                mask_row = tl.load(bitmask_rows_ptr + row).to(tl.int64)
-                mask_row_ptr = bitmask_ptr + mask_row * bitmask_stride
+            part = partials_ptr + (req * M + r).to(tl.int64) * (NUM_FIELDS * SPLITS)
+            nan_flags = tl.load(part + NAN_FIELD * SPLITS + splits, mask=splits < SPLITS, other=0)
+            has_nan = tl.max(nan_flags, axis=0)
+            max_x, token = _combine_max(part, MAX_X_FIELD, ARG_X_FIELD, SPLITS, SPLITS_P)
+            # Past the first rejection only the NaN count is still owed.
             if stopped == 0:
-                key = rng.row_key(seed_lo, seed_hi, seq_len + r)
-                token, has_nan = _sample_row(row_ptr, mask_row_ptr, mask_on, VOCAB, key, temperature,
-                                             top_k, top_p, min_p, BLOCK, SMALL_BLOCK, HAS_BITMASK,
-                                             RADIX_BITS)
-            else:
-                # Past the first rejection only the NaN count is still owed.
-                has_nan, _, token, _ = _scan_row(row_ptr, mask_row_ptr, mask_on, VOCAB, 1.0, no_key, no_key,
-                                                 float("-inf"), False, BLOCK, HAS_BITMASK)
+                if is_random & filtered:
+                    row_ptr = logits_ptr + row.to(tl.int64) * logits_stride
+                    mask_row_ptr = bitmask_ptr
+                    if HAS_BITMASK:
+                        mask_row = tl.load(bitmask_rows_ptr + row).to(tl.int64)
+                        mask_row_ptr = bitmask_ptr + mask_row * bitmask_stride
+                    key = rng.row_key(seed_lo, seed_hi, seq_len + r)
+                    token = draw_filtered(row_ptr, mask_row_ptr, mask_on, VOCAB, key, inv_temp, max_x,
+                                          top_k, top_p, min_p, BLOCK, SMALL_BLOCK, HAS_BITMASK,
+                                          RADIX_BITS)
+                elif is_random:
+                    _, token = _combine_max(part, MAX_Z_FIELD, ARG_Z_FIELD, SPLITS, SPLITS_P)
             num_nans += has_nan
             samples = tl.where(row_ids == r, token, samples)
             draft = -1
@@ -337,8 +265,7 @@ def _sample_kernel(
             if (r <= accepted) & (num_logprobs > 0):
                 row_ptr = logits_ptr + (first_row + r).to(tl.int64) * logits_stride
                 token = tl.sum(tl.where(row_ids == r, samples, 0), axis=0)
-                ids, vals, token_logprob, rank = _logprob_row(row_ptr, VOCAB, token, SMALL_BLOCK,
-                                                              K_P)
+                ids, vals, token_logprob, rank = logprob_row(row_ptr, VOCAB, token, SMALL_BLOCK, K_P)
                 ids = tl.where(ranks_at < num_logprobs, ids, -1)
                 vals = tl.where(ranks_at < num_logprobs, vals, float("-inf"))
             out = rec_ptr + M + 3 + r * K + ranks_at
@@ -346,6 +273,57 @@ def _sample_kernel(
             tl.store(out + M * K, vals.to(tl.int32, bitcast=True), mask=ranks_at < K)
             tl.store(rec_ptr + M + 3 + 2 * M * K + r, token_logprob.to(tl.int32, bitcast=True))
             tl.store(rec_ptr + M + 3 + 2 * M * K + M + r, rank)
+
+
+def _chunk_size(vocab_size: int, chunk_size: int | None) -> int:
+    if chunk_size is None:
+        return min(CHUNK_SIZE, max(16, triton.next_power_of_2(vocab_size)))
+    if isinstance(chunk_size, bool) or not isinstance(chunk_size, int) or chunk_size < 16 \
+            or chunk_size & (chunk_size - 1):
+        raise ValueError(f"chunk_size must be a power of two >= 16, got {chunk_size!r}")
+    return chunk_size
+
+
+class SamplerWorkspace:
+    """Static scratch of the split pass: per (request, row, vocabulary chunk) partial results.
+
+    Allocate one before graph capture, at the largest `max_num_reqs` any launch will use, and
+    keep it alive as long as the graphs: a captured step must be given one (`sample` allocates
+    a fresh one per call otherwise, which is for eager use only). Contents between launches are
+    meaningless; every launch writes what it reads."""
+
+    def __init__(self, partials: torch.Tensor, vocab_size: int, chunk_size: int):
+        self.partials = partials  # [max_num_reqs, M, NUM_FIELDS, num_splits] int32
+        self.vocab_size = vocab_size
+        self.chunk_size = chunk_size
+
+    @classmethod
+    def allocate(cls, max_num_reqs: int, max_num_logits_per_req: int, vocab_size: int,
+                 device: torch.device | str, *, chunk_size: int | None = None) -> SamplerWorkspace:
+        """A workspace for launches with `max_num_reqs <=` this bound, the layout's M and this
+        vocabulary. `chunk_size` (power of two >= 16) overrides the vocabulary chunk per program."""
+        for name, v, low in (("max_num_reqs", max_num_reqs, 0),
+                             ("max_num_logits_per_req", max_num_logits_per_req, 1),
+                             ("vocab_size", vocab_size, 1)):
+            if isinstance(v, bool) or not isinstance(v, int) or v < low:
+                raise ValueError(f"{name} must be an int >= {low}, got {v!r}")
+        chunk = _chunk_size(vocab_size, chunk_size)
+        splits = -(-vocab_size // chunk)
+        partials = torch.zeros((max_num_reqs, max_num_logits_per_req, NUM_FIELDS.value, splits),
+                               dtype=torch.int32, device=device)
+        return cls(partials, vocab_size, chunk)
+
+    @property
+    def max_num_reqs(self) -> int:
+        return self.partials.shape[0]
+
+    @property
+    def max_num_logits_per_req(self) -> int:
+        return self.partials.shape[1]
+
+    @property
+    def num_splits(self) -> int:
+        return self.partials.shape[3]
 
 
 def _check_tables(tables: SlotTables, device: torch.device) -> None:
@@ -357,6 +335,43 @@ def _check_tables(tables: SlotTables, device: torch.device) -> None:
             raise ValueError(f"tables.{name} is on {t.device}, logits on {device}")
         if not t.is_contiguous():
             raise ValueError(f"tables.{name} must be contiguous")
+
+
+def _check_workspace(workspace: SamplerWorkspace, vocab_size: int, layout: RecordLayout,
+                     max_num_reqs: int, device: torch.device) -> None:
+    if not isinstance(workspace, SamplerWorkspace):
+        raise TypeError(f"workspace must be a SamplerWorkspace, got {type(workspace).__name__}")
+    if workspace.partials.device != device:
+        raise ValueError(f"workspace is on {workspace.partials.device}, logits on {device}")
+    if workspace.vocab_size != vocab_size:
+        raise ValueError(f"workspace was allocated for vocab_size {workspace.vocab_size}, "
+                         f"got {vocab_size}")
+    if workspace.max_num_logits_per_req != layout.max_num_logits_per_req:
+        raise ValueError(f"workspace was allocated for {workspace.max_num_logits_per_req} logits "
+                         f"rows per request, the layout has {layout.max_num_logits_per_req}")
+    if workspace.max_num_reqs < max_num_reqs:
+        raise ValueError(f"workspace holds {workspace.max_num_reqs} requests, "
+                         f"max_num_reqs is {max_num_reqs}")
+
+
+def _check_bitmask(bitmask, bitmask_rows, bitmask_enabled, vocab_size, num_rows, device) -> None:
+    if (bitmask is None) != (bitmask_rows is None):
+        raise ValueError("bitmask and bitmask_rows go together: pass both or neither")
+    if bitmask is not None:
+        words = -(-vocab_size // 32)
+        if not isinstance(bitmask, torch.Tensor) or bitmask.dtype != torch.int32:
+            raise TypeError(f"bitmask must be an int32 tensor, got "
+                            f"{getattr(bitmask, 'dtype', type(bitmask).__name__)}")
+        if bitmask.device != device:
+            raise ValueError(f"bitmask is on {bitmask.device}, logits on {device}")
+        if bitmask.dim() != 2 or bitmask.shape[1] < words or bitmask.stride(1) != 1:
+            raise ValueError(f"bitmask must be [rows, >= {words}] with a contiguous last dim, "
+                             f"got shape {tuple(bitmask.shape)} strides {bitmask.stride()}")
+        check_int32_vector("bitmask_rows", bitmask_rows, num_rows, device, where="logits")
+    if bitmask_enabled is not None:
+        if bitmask is None:
+            raise ValueError("bitmask_enabled needs a bitmask")
+        check_int32_vector("bitmask_enabled", bitmask_enabled, 1, device, where="logits")
 
 
 def _block_size(vocab_size: int, k_p: int, block_size: int | None) -> int:
@@ -373,12 +388,13 @@ def sample(logits: torch.Tensor, *, vocab_size: int, num_reqs: torch.Tensor,
            tables: SlotTables, layout: RecordLayout, records: torch.Tensor, max_num_reqs: int,
            draft_tokens: torch.Tensor | None = None, bitmask: torch.Tensor | None = None,
            bitmask_rows: torch.Tensor | None = None, bitmask_enabled: torch.Tensor | None = None,
-           block_size: int | None = None) -> None:
+           workspace: SamplerWorkspace | None = None, block_size: int | None = None) -> None:
     """Sample every request of a sub-batch into `records` [>= max_num_reqs, layout.width].
 
-    `num_reqs` [1] int32 holds n on the device; `max_num_reqs` is the static grid. Never syncs
-    with the host and allocates nothing, so it can run inside a captured graph. `block_size`
-    (power of two) overrides the vocab tile."""
+    `num_reqs` [1] int32 holds n on the device; `max_num_reqs` is the static grid bound. With a
+    preallocated `workspace` (`SamplerWorkspace.allocate`) it never syncs with the host and
+    allocates nothing, so it can run inside a captured graph; without one it allocates a
+    workspace per call (eager use only). `block_size` (power of two) overrides the vocab tile."""
     if not isinstance(logits, torch.Tensor):
         raise TypeError(f"logits must be a torch.Tensor, got {type(logits).__name__}")
     if logits.dtype not in LOGITS_DTYPES:
@@ -411,47 +427,46 @@ def sample(logits: torch.Tensor, *, vocab_size: int, num_reqs: torch.Tensor,
                          f"last dim, got shape {tuple(records.shape)} strides {records.stride()}")
     if draft_tokens is not None:
         check_int32_vector("draft_tokens", draft_tokens, num_rows, device, where="logits")
-    if (bitmask is None) != (bitmask_rows is None):
-        raise ValueError("bitmask and bitmask_rows go together: pass both or neither")
-    if bitmask is not None:
-        words = -(-vocab_size // 32)
-        if not isinstance(bitmask, torch.Tensor) or bitmask.dtype != torch.int32:
-            raise TypeError(f"bitmask must be an int32 tensor, got "
-                            f"{getattr(bitmask, 'dtype', type(bitmask).__name__)}")
-        if bitmask.device != device:
-            raise ValueError(f"bitmask is on {bitmask.device}, logits on {device}")
-        if bitmask.dim() != 2 or bitmask.shape[1] < words or bitmask.stride(1) != 1:
-            raise ValueError(f"bitmask must be [rows, >= {words}] with a contiguous last dim, "
-                             f"got shape {tuple(bitmask.shape)} strides {bitmask.stride()}")
-        check_int32_vector("bitmask_rows", bitmask_rows, num_rows, device, where="logits")
-    if bitmask_enabled is not None:
-        if bitmask is None:
-            raise ValueError("bitmask_enabled needs a bitmask")
-        check_int32_vector("bitmask_enabled", bitmask_enabled, 1, device, where="logits")
-    if max_num_reqs == 0:
-        return
-
+    _check_bitmask(bitmask, bitmask_rows, bitmask_enabled, vocab_size, num_rows, device)
     m, k = layout.max_num_logits_per_req, layout.num_logprobs
     # tl.topk needs at least 2 entries.
     k_p = max(triton.next_power_of_2(k), 2)
     if k_p > SMALL_BLOCK_SIZE:
         raise ValueError(f"layout.num_logprobs must be <= {SMALL_BLOCK_SIZE}, got {k}")
     block = _block_size(vocab_size, k_p, block_size)
+    if workspace is None:
+        workspace = SamplerWorkspace.allocate(max_num_reqs, m, vocab_size, device)
+    _check_workspace(workspace, vocab_size, layout, max_num_reqs, device)
+    if max_num_reqs == 0:
+        return
+
+    chunk, splits = workspace.chunk_size, workspace.num_splits
+    # Both powers of two: the split pass's tile divides its chunk.
+    chunk_block = min(block, chunk)
     dummy = cu_num_logits  # stands in for absent optional pointers; never read
+    bitmask_args = (bitmask if bitmask is not None else dummy,
+                    bitmask.stride(0) if bitmask is not None else 0,
+                    bitmask_rows if bitmask_rows is not None else dummy,
+                    bitmask_enabled if bitmask_enabled is not None else dummy)
+    flags = dict(HAS_BITMASK=bitmask is not None, HAS_BITMASK_FLAG=bitmask_enabled is not None)
+    launch(
+        _sample_partials_kernel, (max_num_reqs, splits),
+        logits, logits.stride(0), num_reqs, req_slots, cu_num_logits, seq_lens, *bitmask_args,
+        tables.temperature, tables.top_k, tables.top_p, tables.min_p, tables.seed_lo,
+        tables.seed_hi, workspace.partials,
+        VOCAB=vocab_size, M=m, CHUNK=chunk, SPLITS=splits, BLOCK=chunk_block, **flags,
+        num_warps=8 if chunk_block >= 2048 else 4,
+    )
     launch(
         _sample_kernel, (max_num_reqs,),
         logits, logits.stride(0), num_reqs, req_slots, cu_num_logits, seq_lens,
-        draft_tokens if draft_tokens is not None else dummy,
-        bitmask if bitmask is not None else dummy,
-        bitmask.stride(0) if bitmask is not None else 0,
-        bitmask_rows if bitmask_rows is not None else dummy,
-        bitmask_enabled if bitmask_enabled is not None else dummy,
+        draft_tokens if draft_tokens is not None else dummy, *bitmask_args,
         tables.temperature, tables.top_k, tables.top_p, tables.min_p,
-        tables.seed_lo, tables.seed_hi, tables.num_logprobs,
+        tables.seed_lo, tables.seed_hi, tables.num_logprobs, workspace.partials,
         records, records.stride(0),
         VOCAB=vocab_size, M=m, M_P=triton.next_power_of_2(m), K=k, K_P=k_p,
-        HAS_DRAFTS=draft_tokens is not None, HAS_BITMASK=bitmask is not None,
-        HAS_BITMASK_FLAG=bitmask_enabled is not None,
+        SPLITS=splits, SPLITS_P=max(triton.next_power_of_2(splits), 2),
+        HAS_DRAFTS=draft_tokens is not None, **flags,
         BLOCK=block, SMALL_BLOCK=min(block, SMALL_BLOCK_SIZE), RADIX_BITS=RADIX_BITS,
         num_warps=8 if block >= 2048 else 4,
     )

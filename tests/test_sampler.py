@@ -2,6 +2,7 @@
 
 Runs under the Triton interpreter on CPU (TRITON_INTERPRET=1) or compiled on a CUDA device.
 Logits are normal * 3 so fp32-vs-fp64 near ties are negligible and tokens compare exactly.
+Small tiles and chunks split every row over several programs of the split pass.
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ PV = 256  # padded vocabulary
 POISON = -123456789
 NUM_SLOTS = 64
 BLOCK = 64  # several vocab tiles per row, so cross-tile logic is exercised
+CHUNK = 64  # four vocab splits per row (the last one partial), so the combination is exercised
 
 
 # --------------------------------------------------------------------------- helpers
@@ -73,8 +75,12 @@ def i32(x, device=DEVICE):
 
 
 def run_kernel(b: Batch, *, M=1, K=0, vocab_size=V, max_num_reqs=None, n=None, slot_params=None,
-               records=None, block_size=BLOCK, bitmask_enabled=None):
-    """Launch the sampler on `b` with padded request arrays; returns the records (CPU)."""
+               records=None, block_size=BLOCK, chunk_size=CHUNK, bitmask_enabled=None,
+               workspace=None):
+    """Launch the sampler on `b` with padded request arrays; returns the records (CPU).
+
+    Without `workspace`, one is allocated with `chunk_size`; `chunk_size=None` leaves the
+    allocation to the launcher (default chunk)."""
     n = len(b.params) if n is None else n
     max_num_reqs = len(b.params) if max_num_reqs is None else max_num_reqs
     tables = SlotTables(NUM_SLOTS, DEVICE)
@@ -94,12 +100,16 @@ def run_kernel(b: Batch, *, M=1, K=0, vocab_size=V, max_num_reqs=None, n=None, s
         kwargs["bitmask_rows"] = i32(b.bitmask_rows)
         if bitmask_enabled is not None:
             kwargs["bitmask_enabled"] = i32([bitmask_enabled])
+    if workspace is None and chunk_size is not None:
+        workspace = sampler.SamplerWorkspace.allocate(max_num_reqs, M, vocab_size, DEVICE,
+                                                      chunk_size=chunk_size)
     sampler.sample(
         b.logits.to(DEVICE), vocab_size=vocab_size, num_reqs=i32([n]),
         req_slots=i32(list(b.slots) + [0] * pad),
         cu_num_logits=i32(np.concatenate([cu, [cu[-1]] * pad])),
         seq_lens=i32(list(b.seq_lens) + [0] * pad), tables=tables, layout=layout,
-        records=records, max_num_reqs=max_num_reqs, block_size=block_size, **kwargs)
+        records=records, max_num_reqs=max_num_reqs, workspace=workspace, block_size=block_size,
+        **kwargs)
     return records.cpu(), layout
 
 
@@ -135,7 +145,7 @@ def check(b: Batch, **kw):
     return assert_same(records, layout, run_ref(b, **kw))
 
 
-def row_samples(b: Batch) -> list[np.ndarray]:
+def row_samples(b: Batch, vocab_size=V) -> list[np.ndarray]:
     """Every row's own sample, per request: each row sampled as a one-row request at its
     position."""
     cu, out = b.cu, []
@@ -145,7 +155,7 @@ def row_samples(b: Batch) -> list[np.ndarray]:
                        [b.seq_lens[j] + r for r in range(m)], [b.slots[j]] * m,
                        bitmask=b.bitmask, bitmask_rows=None if b.bitmask_rows is None
                        else b.bitmask_rows[list(rows)])
-        out.append(run_ref(single)["tokens"][:, 0])
+        out.append(run_ref(single, vocab_size=vocab_size)["tokens"][:, 0])
     return out
 
 
@@ -497,7 +507,7 @@ def test_sampling_frequencies_follow_softmax():
     logits = torch.tensor(np.log(probs) * temp, dtype=torch.float32)[None].repeat(n, 1)
     b = Batch(logits, [SamplingParams(temperature=temp, seed=12345)] * n, [1] * n,
               list(range(1000, 1000 + n)), [0] * n)
-    records, layout = run_kernel(b, vocab_size=vocab, block_size=None)
+    records, layout = run_kernel(b, vocab_size=vocab, block_size=None, chunk_size=None)
     counts = np.bincount(unpack(records[:n], layout).sampled_token_ids[:, 0].numpy(),
                          minlength=vocab)
     chi2 = ((counts - n * probs) ** 2 / (n * probs)).sum()
@@ -521,8 +531,9 @@ def test_reference_frequencies_follow_filtered_softmax():
 
 @settings(max_examples=30, deadline=None)
 @given(seed=st.integers(0, 2**32 - 1), n=st.integers(1, 4), K=st.sampled_from([0, 2]),
-       dtype=st.sampled_from([torch.float32, torch.bfloat16]), with_mask=st.booleans())
-def test_random_batches_match_reference(seed, n, K, dtype, with_mask):
+       dtype=st.sampled_from([torch.float32, torch.bfloat16]), with_mask=st.booleans(),
+       tiling=st.sampled_from([(64, 64), (32, 128), (16, 16), (64, 256)]))
+def test_random_batches_match_reference(seed, n, K, dtype, with_mask, tiling):
     rs = np.random.default_rng(seed)
     kinds = ["greedy", "temperature", "top_k", "top_p", "min_p", "combined"]
     params = [random_params(rs, str(rs.choice(kinds)), num_logprobs=int(rs.integers(0, 3)))
@@ -535,7 +546,8 @@ def test_random_batches_match_reference(seed, n, K, dtype, with_mask):
         b.bitmask = (rs.integers(0, 2**32, size=(rows, -(-V // 32)), dtype=np.uint64)
                      .astype(np.uint32).view(np.int32))
         b.bitmask_rows = rs.permutation(rows).astype(np.int32)
-    check(b, M=2, K=K, max_num_reqs=n + int(rs.integers(0, 3)))
+    block, chunk = tiling
+    check(b, M=2, K=K, max_num_reqs=n + int(rs.integers(0, 3)), block_size=block, chunk_size=chunk)
 
 
 def test_reference_reads_slot_tables_like_params():
@@ -552,29 +564,165 @@ def test_reference_reads_slot_tables_like_params():
         np.testing.assert_array_equal(by_tables[name], want, err_msg=name)
 
 
+# --------------------------------------------------------------------------- split-vocabulary pass
+
+SV, SPV = 300, 320  # vocabulary of the split tests: chunks of 64 or 128 give 5 or 3 splits
+
+
+def split_batch(rs, params, counts=None, dtype=torch.float32) -> Batch:
+    counts = counts if counts is not None else [1] * len(params)
+    b = make_batch(rs, params, counts=counts)
+    b.logits = make_logits(rs, sum(counts), vocab=SV, padded=SPV, dtype=dtype)
+    return b
+
+
+@pytest.mark.parametrize("chunk", [64, 128])
+def test_split_rows_combine_like_one_pass(chunk):
+    """Ties across split and tile boundaries take the lowest id; rows without a finite score
+    take token 0, whichever splits are empty; infinite scores tie in the Gumbel path too."""
+    rs = np.random.default_rng(20)
+    greedy = SamplingParams(temperature=0.0)
+    params = [greedy] * 8 + [SamplingParams(temperature=1.0, seed=s) for s in (1, 2, 3)]
+    b = split_batch(rs, params)
+    x = b.logits
+    x[0, :SV] = -5.0
+    x[0, [250, 130, 64, 63]] = 9.0  # 63 ends split 0, 64 starts split 1
+    x[1, :SV] = -5.0
+    x[1, [299, 255, 128]] = 9.0  # 128 starts split 2 (chunk 64) or split 1 (chunk 128)
+    x[2, [200, 100]] = float("inf")
+    x[3, :SV] = float("-inf")
+    x[4, :SV] = float("nan")
+    x[5, :SV] = float("-inf")
+    x[5, 297] = -1.0e30  # the only finite logit, in the last (partial) split
+    x[6, :SV] = -0.0
+    x[6, 150] = 0.0  # +0 == -0: a tie, so token 0
+    x[7, :SV] = 2.0
+    x[7, 0] = float("nan")  # NaN at id 0 of an all-tie row
+    x[8, [260, 70, 190]] = float("inf")  # s + g = inf three times: the lowest id
+    x[9, :SV] = float("-inf")
+    x[9, 296] = 3.0
+    x[10, :SV] = float("-inf")
+    records, layout = run_kernel(b, vocab_size=SV, block_size=32, chunk_size=chunk)
+    out = assert_same(records, layout, run_ref(b, vocab_size=SV))
+    np.testing.assert_array_equal(out.sampled_token_ids[:, 0].numpy(),
+                                  [63, 128, 100, 0, 0, 297, 0, 1, 70, 296, 0])
+    np.testing.assert_array_equal(out.num_nans.numpy(), [0, 0, 0, 0, 1, 0, 0, 1, 0, 0, 0])
+
+
+def test_nan_in_one_split_counted_once():
+    rs = np.random.default_rng(21)
+    kinds = ["greedy", "temperature", "combined", "top_k", "greedy"]
+    b = split_batch(rs, [random_params(rs, k) for k in kinds], counts=[2, 1, 1, 2, 1])
+    b.logits[0, 270] = float("nan")  # last split only
+    b.logits[1, [5, 6]] = float("nan")  # first split only, row 1 of request 0
+    b.logits[2, 140] = float("nan")
+    b.logits[3, 199] = float("nan")
+    b.logits[4, SV + 5] = float("nan")  # padding: not counted
+    b.logits[5, 64] = float("nan")  # request 3's second row: counted, not sampled
+    b.logits[6, 64] = float("nan")
+    b.logits[6, 63] = 50.0  # the max sits next to the NaN, across the split boundary
+    records, layout = run_kernel(b, M=2, vocab_size=SV, block_size=32, chunk_size=64)
+    out = assert_same(records, layout, run_ref(b, M=2, vocab_size=SV))
+    np.testing.assert_array_equal(out.num_nans.numpy(), [2, 1, 1, 1, 1])
+    assert out.sampled_token_ids[4, 0] == 63
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_split_bitmask_drafts_and_logprobs(dtype):
+    """Bitmask rows, drafts and logprobs rows mixed with greedy rows, over three splits."""
+    rs = np.random.default_rng(22)
+    M, K = 3, 3
+    kinds = ["greedy", "temperature", "combined", "greedy", "top_p", "temperature", "min_p"]
+    nlp = [0, 2, 3, 3, 0, 0, 1]
+    counts = [3, 3, 2, 1, 3, 2, 3]
+    b = split_batch(rs, [random_params(rs, k, num_logprobs=n) for k, n in zip(kinds, nlp)],
+                    counts=counts, dtype=dtype)
+    rows = sum(counts)
+    mask = (rs.integers(0, 2**32, size=(rows, -(-SV // 32)), dtype=np.uint64)
+            .astype(np.uint32).view(np.int32))
+    set_allowed(mask[0], [290])  # only in the last split
+    set_allowed(mask[3], [290])
+    set_allowed(mask[4], [])  # nothing allowed: token 0
+    set_allowed(mask[9], [127, 128])
+    b.bitmask, b.bitmask_rows = mask, rs.permutation(rows).astype(np.int32)
+    b.bitmask_rows[:3] = [0, 3, 4]
+    b.bitmask_rows[9] = 9
+    samples = row_samples(b, vocab_size=SV)
+    accept = [2, 1, 1, 0, 0, 1, 1]
+    drafts = []
+    for smp, m, a in zip(samples, counts, accept):
+        d = np.array(smp, dtype=np.int64)
+        if a < m - 1:
+            d[a] = (d[a] + 1) % SV
+        drafts.append(d)
+    b.draft_tokens = np.concatenate(drafts).astype(np.int32)
+    records, layout = run_kernel(b, M=M, K=K, vocab_size=SV, block_size=32, chunk_size=128)
+    out = assert_same(records, layout, run_ref(b, M=M, K=K, vocab_size=SV))
+    np.testing.assert_array_equal(out.num_sampled.numpy(), np.array(accept) + 1)
+    np.testing.assert_array_equal(out.sampled_token_ids[0].numpy(), [290, 290, 0])
+
+
+def test_workspace_reused_across_batch_sizes_and_stale_contents():
+    """One preallocated workspace serves every grid bound; whatever it held before is never read."""
+    rs = np.random.default_rng(23)
+    kinds = ["greedy", "combined", "temperature", "top_k", "greedy", "min_p"]
+    b = split_batch(rs, [random_params(rs, k, num_logprobs=1) for k in kinds],
+                    counts=[2, 1, 2, 1, 2, 1])
+    ws = sampler.SamplerWorkspace.allocate(8, 2, SV, DEVICE, chunk_size=64)
+    assert (ws.max_num_reqs, ws.max_num_logits_per_req, ws.num_splits) == (8, 2, 5)
+    want = run_ref(b, M=2, K=1, vocab_size=SV)
+    for n, bound in [(6, 6), (6, 8), (3, 4)]:
+        ws.partials.random_(-2**31, 2**31 - 1)
+        head = Batch(b.logits[:int(b.cu[n])], b.params[:n], b.counts[:n], b.seq_lens[:n],
+                     b.slots[:n])
+        records, layout = run_kernel(head, M=2, K=1, vocab_size=SV, max_num_reqs=bound,
+                                     block_size=32, workspace=ws)
+        assert_same(records, layout, {k: v[:n] for k, v in want.items()})
+
+
+def test_default_chunks_depend_on_the_vocabulary_only():
+    ws = sampler.SamplerWorkspace.allocate(4, 2, 152064, "cpu")
+    assert (ws.chunk_size, ws.num_splits) == (8192, 19)
+    ws = sampler.SamplerWorkspace.allocate(1, 1, V, "cpu")
+    assert (ws.chunk_size, ws.num_splits) == (256, 1)
+    assert tuple(ws.partials.shape) == (1, 1, 5, 1)
+    for bad in (48, 8, 0):
+        with pytest.raises(ValueError, match="chunk_size"):
+            sampler.SamplerWorkspace.allocate(1, 1, V, "cpu", chunk_size=bad)
+    with pytest.raises(ValueError, match="max_num_reqs"):
+        sampler.SamplerWorkspace.allocate(-1, 1, V, "cpu")
+
+
 # --------------------------------------------------------------------------- launcher contract
 
 
-def test_one_compiled_kernel_serves_every_batch_size(monkeypatch):
-    """Specialization key of the launch is the same for every n and every grid bound."""
-    keys = []
+def test_one_compiled_kernel_pair_serves_every_batch_size(monkeypatch):
+    """Specialization key of each kernel's launch is the same for every n and every grid bound."""
+    keys, grids = {}, {}
 
     def record_launch(kernel, grid, *args, **kwargs):
-        keys.append(specialization_key(kernel, args, kwargs))
+        keys.setdefault(kernel, []).append(specialization_key(kernel, args, kwargs))
+        grids.setdefault(kernel, []).append(grid)
 
     monkeypatch.setattr(sampler, "launch", record_launch)
     rows_max, max_reqs = 16, 16
     logits = torch.zeros(rows_max, PV)
     records = torch.zeros(max_reqs, RecordLayout(2, 3).width, dtype=torch.int32)
     tables = SlotTables(NUM_SLOTS, "cpu")
-    for n, bound in [(1, 1), (3, 4), (5, 8), (16, 16)]:
+    ws = sampler.SamplerWorkspace.allocate(max_reqs, 2, V, "cpu", chunk_size=CHUNK)
+    bounds = [1, 4, 8, 16]
+    for n, bound in zip([1, 3, 5, 16], bounds):
         sampler.sample(logits, vocab_size=V, num_reqs=i32([n], "cpu"),
                        req_slots=i32(np.zeros(max_reqs), "cpu"),
                        cu_num_logits=i32(np.arange(max_reqs + 1), "cpu"),
                        seq_lens=i32(np.zeros(max_reqs), "cpu"), tables=tables,
                        layout=RecordLayout(2, 3), records=records, max_num_reqs=bound,
-                       draft_tokens=i32(np.zeros(rows_max), "cpu"))
-    assert len(keys) == 4 and len(set(keys)) == 1
+                       draft_tokens=i32(np.zeros(rows_max), "cpu"), workspace=ws)
+    assert set(keys) == {sampler._sample_partials_kernel, sampler._sample_kernel}
+    for kernel, ks in keys.items():
+        assert len(ks) == 4 and len(set(ks)) == 1, kernel
+    assert grids[sampler._sample_partials_kernel] == [(b, 4) for b in bounds]
+    assert grids[sampler._sample_kernel] == [(b,) for b in bounds]
 
 
 def _valid_args(**over):
@@ -606,6 +754,13 @@ def _valid_args(**over):
     (torch.zeros(2, PV), {"tables": object()}, TypeError, "SlotTables"),
     (torch.zeros(2, PV), {"block_size": 48}, ValueError, "power of two"),
     (torch.zeros(2, PV), {"max_num_reqs": -1}, ValueError, "max_num_reqs"),
+    (torch.zeros(2, PV), {"workspace": object()}, TypeError, "SamplerWorkspace"),
+    (torch.zeros(2, PV), {"workspace": sampler.SamplerWorkspace.allocate(2, 1, V + 1, "cpu")},
+     ValueError, "vocab_size"),
+    (torch.zeros(2, PV), {"workspace": sampler.SamplerWorkspace.allocate(2, 2, V, "cpu")},
+     ValueError, "logits rows per request"),
+    (torch.zeros(2, PV), {"workspace": sampler.SamplerWorkspace.allocate(1, 1, V, "cpu")},
+     ValueError, "workspace holds 1 requests"),
 ])
 def test_launcher_rejects_bad_inputs(logits, over, exc, match):
     with pytest.raises(exc, match=match):
