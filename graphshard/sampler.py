@@ -102,6 +102,8 @@ def _combine_max(part_ptr, VAL_FIELD: tl.constexpr, ARG_FIELD: tl.constexpr, SPL
     return best, tl.min(tl.where(vals == best, ids, 2147483647), axis=0)
 
 
+# logits_stride stays specialised: the engine's logits buffer fixes it, and a stride divisible
+# by 16 lets the row loads vectorise. Nothing that varies per step is an int argument.
 @triton.jit(do_not_specialize=["bitmask_stride"])
 def _sample_partials_kernel(
     logits_ptr,  # [num_rows, padded_vocab] fp32/bf16/fp16
@@ -168,8 +170,6 @@ def _sample_partials_kernel(
             tl.store(out + ARG_Z_FIELD * SPLITS, arg_z)
 
 
-# logits_stride stays specialised: the engine's logits buffer fixes it, and a stride divisible
-# by 16 lets the row loads vectorise. Nothing that varies per step is an int argument.
 @triton.jit(do_not_specialize=["records_stride", "bitmask_stride"])
 def _sample_kernel(
     logits_ptr,  # [num_rows, padded_vocab] fp32/bf16/fp16
@@ -293,6 +293,14 @@ class SamplerWorkspace:
     meaningless; every launch writes what it reads."""
 
     def __init__(self, partials: torch.Tensor, vocab_size: int, chunk_size: int):
+        chunk_size = _chunk_size(vocab_size, chunk_size)
+        splits = -(-vocab_size // chunk_size)
+        if not isinstance(partials, torch.Tensor) or partials.dtype != torch.int32:
+            raise TypeError("partials must be an int32 tensor")
+        if partials.dim() != 4 or tuple(partials.shape[2:]) != (NUM_FIELDS.value, splits) \
+                or not partials.is_contiguous():
+            raise ValueError(f"partials must be contiguous [reqs, M, {NUM_FIELDS.value}, {splits}], "
+                             f"got shape {tuple(partials.shape)}")
         self.partials = partials  # [max_num_reqs, M, NUM_FIELDS, num_splits] int32
         self.vocab_size = vocab_size
         self.chunk_size = chunk_size
@@ -309,7 +317,7 @@ class SamplerWorkspace:
                 raise ValueError(f"{name} must be an int >= {low}, got {v!r}")
         chunk = _chunk_size(vocab_size, chunk_size)
         splits = -(-vocab_size // chunk)
-        partials = torch.zeros((max_num_reqs, max_num_logits_per_req, NUM_FIELDS.value, splits),
+        partials = torch.empty((max_num_reqs, max_num_logits_per_req, NUM_FIELDS.value, splits),
                                dtype=torch.int32, device=device)
         return cls(partials, vocab_size, chunk)
 
