@@ -6,7 +6,7 @@ import torch
 from benchmarks.timing import graph_of, replay_us
 from graphshard.params import SamplingParams, SlotTables
 from graphshard.records import RecordLayout
-from graphshard.sampler import sample
+from graphshard.sampler import SamplerWorkspace, sample
 
 BATCHES = [1, 8, 32, 128, 256, 512, 1024]
 REPEAT = 10
@@ -24,10 +24,11 @@ def test_sampler(benchmark, cuda, batch, vocab, dtype):
     idx = torch.arange(batch, dtype=torch.int32, device=cuda)
     cu = torch.arange(batch + 1, dtype=torch.int32, device=cuda)
     n = torch.tensor([batch], dtype=torch.int32, device=cuda)
+    workspace = SamplerWorkspace.allocate(batch, 1, vocab, cuda)
 
     def step():
         sample(logits, vocab_size=vocab, num_reqs=n, req_slots=idx, cu_num_logits=cu, seq_lens=idx,
-               tables=tables, layout=layout, records=records, max_num_reqs=batch)
+               tables=tables, layout=layout, records=records, max_num_reqs=batch, workspace=workspace)
 
     graph = graph_of(step, REPEAT)
     stats = replay_us(graph, REPEAT)

@@ -7,6 +7,7 @@ bucket runs as one graph replay; batches above the largest bucket run the same c
 
 from __future__ import annotations
 
+import functools
 import logging
 import time
 from dataclasses import dataclass
@@ -22,7 +23,7 @@ from graphshard.params import SamplingParams, SlotTables
 from graphshard.plan import plan
 from graphshard.plan_layout import PlanBuffers
 from graphshard.records import RecordLayout, SamplerOutput, unpack
-from graphshard.sampler import sample
+from graphshard.sampler import SamplerWorkspace, sample
 from graphshard.strategy import REPLICATE, SHARD, choose_strategies
 from graphshard.transports.base import pick_tier
 from graphshard.validate import BatchChecker, BatchLimits, InvalidBatchError, owner_counts
@@ -70,7 +71,7 @@ class Engine:
                  device: torch.device | str | None = None, sampler=None):
         """`sampler` replaces the built-in Triton sampler; see `SAMPLER_CONTRACT`."""
         self.config = config
-        self.sample = sampler if sampler is not None else sample
+        self._user_sampler = sampler
         distributed = dist.is_available() and dist.is_initialized()
         self.group = group if group is not None else (dist.group.WORLD if distributed else None)
         self.tp_size = dist.get_world_size(self.group) if self.group is not None else 1
@@ -102,6 +103,9 @@ class Engine:
                                  bitmask_words=-(-cfg.vocab_size // 32), logits_dtype=self.dtype, device=dev)
         self.plan_buffers = PlanBuffers.allocate(n, m, self.tp_size, dev)
         self.local_records = torch.zeros(n, self.layout.width, dtype=torch.int32, device=dev)
+        # One workspace serves every graph: steps run one after another on one stream.
+        self.workspace = SamplerWorkspace.allocate(n, m, cfg.vocab_size, dev)
+        self.sample = self._user_sampler or functools.partial(sample, workspace=self.workspace)
         # Every logits row is its own bitmask row in batch order (replicate and tp=1 paths).
         self.identity_rows = torch.arange(n * m, dtype=torch.int32, device=dev)
         self.transport = None
@@ -121,7 +125,7 @@ class Engine:
             statics = {"meta": self.inputs.meta, "logits": self.inputs.logits,
                        "drafts": self.inputs.draft_token_ids, "bitmask": self.inputs.grammar_bitmask,
                        "local_records": self.local_records, "records": self.records,
-                       "identity_rows": self.identity_rows}
+                       "identity_rows": self.identity_rows, "workspace": self.workspace.partials}
             statics.update({f"plan.{k}": v for k, v in self.plan_buffers.as_dict().items()})
             statics.update({f"slots.{k}": v for k, v in vars(self.tables).items()
                             if isinstance(v, torch.Tensor)})
