@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 import torch
 
-from benchmarks.timing import graph_of, replay_us
+from benchmarks.timing import benchmark_graph
 from graphshard.plan import plan
 from graphshard.plan_layout import PlanBuffers
 
@@ -27,13 +27,6 @@ def test_plan_kernel(benchmark, cuda, bucket):
     def step():
         plan(buf, **inputs, tp_rank=0, gather_stride=bucket, max_num_logits_per_req=MAX_M)
 
-    graph = graph_of(step, REPEAT)
-    stats = replay_us(graph, REPEAT)
-
-    def timed():
-        graph.replay()
-        torch.cuda.synchronize()
-
-    benchmark.pedantic(timed, rounds=20, warmup_rounds=3)
+    stats = benchmark_graph(benchmark, step, REPEAT, rounds=20)
     benchmark.extra_info.update(bucket=bucket, plan_gpu_us=stats["median_us"],
-                                plan_gpu_p90_us=stats["p90_us"], calls_per_replay=REPEAT)
+                                plan_gpu_p90_us=stats["p90_us"])

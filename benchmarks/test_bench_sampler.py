@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from benchmarks.timing import graph_of, replay_us
+from benchmarks.timing import benchmark_graph
 from graphshard.params import SamplingParams, SlotTables
 from graphshard.records import RecordLayout
 from graphshard.sampler import SamplerWorkspace, sample
@@ -30,14 +30,7 @@ def test_sampler(benchmark, cuda, batch, vocab, dtype):
         sample(logits, vocab_size=vocab, num_reqs=n, req_slots=idx, cu_num_logits=cu, seq_lens=idx,
                tables=tables, layout=layout, records=records, max_num_reqs=batch, workspace=workspace)
 
-    graph = graph_of(step, REPEAT)
-    stats = replay_us(graph, REPEAT)
-
-    def timed():
-        graph.replay()
-        torch.cuda.synchronize()
-
-    benchmark.pedantic(timed, rounds=10, warmup_rounds=2)
+    stats = benchmark_graph(benchmark, step, REPEAT, rounds=10)
     read_gb = batch * vocab * logits.element_size() / 1e9
     benchmark.extra_info.update(batch=batch, vocab=vocab, dtype=str(dtype), sampler_gpu_us=stats["median_us"],
                                 sampler_gpu_p90_us=stats["p90_us"],

@@ -55,3 +55,18 @@ def events_us(fn, iters: int = 30, warmup: int = 3, barrier: bool = False) -> fl
         if i >= warmup:
             times.append(start.elapsed_time(end) * 1000.0)
     return statistics.median(times)
+
+
+def benchmark_graph(benchmark, fn, repeat: int, rounds: int) -> dict:
+    """Capture `repeat` calls of `fn` in one graph; pytest-benchmark times replay + sync, and the
+    returned device times (per call, from events) go into the report's extra_info."""
+    graph = graph_of(fn, repeat)
+    stats = replay_us(graph, repeat)
+
+    def timed():
+        graph.replay()
+        torch.cuda.synchronize()
+
+    benchmark.pedantic(timed, rounds=rounds, warmup_rounds=2)
+    benchmark.extra_info.update(calls_per_replay=repeat)
+    return stats
