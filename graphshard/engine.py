@@ -122,7 +122,8 @@ class Engine:
             self.records = torch.zeros(n, self.layout.width, dtype=torch.int32, device=dev)
         self.backend = make_backend(cfg.graph_backend, dev)
         if hasattr(self.backend, "register_static_buffers"):
-            statics = {"meta": self.inputs.meta, "logits": self.inputs.logits,
+            statics = {"meta": self.inputs.meta, "staging": self.inputs.staging,
+                       "logits": self.inputs.logits,
                        "drafts": self.inputs.draft_token_ids, "bitmask": self.inputs.grammar_bitmask,
                        "local_records": self.local_records, "records": self.records,
                        "identity_rows": self.identity_rows, "workspace": self.workspace.partials}
@@ -160,6 +161,7 @@ class Engine:
         drafts = inp.draft_token_ids if m > 1 else None
 
         def step():
+            inp.fetch()
             plan(pb, idx_mapping=inp.idx_mapping, cu_num_logits=inp.cu_num_logits, seq_lens=inp.seq_lens,
                  num_reqs=inp.num_reqs, tp_rank=self.tp_rank, gather_stride=cap_reqs,
                  max_num_logits_per_req=m, draft_token_ids=drafts)
@@ -179,6 +181,7 @@ class Engine:
         inp, m = self.inputs, self.config.max_num_logits_per_req
 
         def step():
+            inp.fetch()
             if self.transport is None:
                 full = inp.logits
             else:
@@ -253,6 +256,7 @@ class Engine:
         else:
             self.eager_steps += 1
             self._step_fn(key)()
+        self.inputs.mark_issued()
         return self._outputs(n)
 
     def _outputs(self, n: int) -> SamplerOutput:

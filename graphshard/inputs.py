@@ -3,8 +3,9 @@
 The engine validates every input before calling a `write_*` method, so these only copy.
 
 The replicated integer inputs (n, slots, cu_num_logits, seq_lens, the bitmask flag) are packed
-into one int32 buffer so a step costs a single small copy. On CUDA the host side is pinned and
-double-buffered: a staging buffer is rewritten only after the copy that last read it finished.
+into one int32 buffer. The host writes them into a pinned staging buffer and the captured step
+itself copies it in (`fetch`, the graph's first node), so issuing a step costs no copy call. The
+staging buffer is rewritten only after the step that last read it has fetched it.
 """
 
 from __future__ import annotations
@@ -31,20 +32,18 @@ class StepInputs:
         self.draft_token_ids = torch.full((rows,), -1, dtype=torch.int32, device=device)
         self.grammar_bitmask = torch.full((rows, bitmask_words), -1, dtype=torch.int32, device=device)
         pinned = device.type == "cuda"
-        self._staging = [torch.zeros(width, dtype=torch.int32, pin_memory=pinned) for _ in range(2)]
-        self._host_views = [np.split(t.numpy(), np.cumsum(self._sizes)[:-1]) for t in self._staging]
-        # One event per staging buffer marks when the copy that read it has run.
-        self._copied = [torch.cuda.Event() for _ in range(2)] if pinned else None
-        self._pending = [False, False]
-        self._turn = 0
+        self.staging = torch.zeros(width, dtype=torch.int32, pin_memory=pinned)  # host side of meta
+        self._host_views = np.split(self.staging.numpy(), np.cumsum(self._sizes)[:-1])
+        # Recorded after each issued step: once it has fired, that step fetched the staging buffer.
+        self._fetched = torch.cuda.Event() if pinned else None
+        self._pending = False
 
     def write_meta(self, idx: np.ndarray, cu: np.ndarray, seq_lens: np.ndarray, bitmask_on: bool):
-        """Stage the replicated host arrays and copy them to the device (no host sync on CUDA)."""
-        k = self._turn
-        self._turn ^= 1
-        if self._pending[k]:
-            self._copied[k].synchronize()  # only waits if the device is two steps behind
-        host = self._host_views[k]
+        """Stage the replicated host arrays for the next step's `fetch` (no device call)."""
+        if self._pending:
+            self._fetched.synchronize()  # only waits while the previous step has not run yet
+            self._pending = False
+        host = self._host_views
         n = idx.shape[0]
         # Entries past n are never read (the plan masks by n), so only the live prefix is written.
         host[0][0] = n
@@ -52,10 +51,16 @@ class StepInputs:
         host[2][:n + 1] = cu
         host[3][:n] = seq_lens
         host[4][0] = bitmask_on
-        self.meta.copy_(self._staging[k], non_blocking=True)
-        if self._copied is not None:
-            self._copied[k].record()
-            self._pending[k] = True
+
+    def fetch(self) -> None:
+        """The step's first operation: copy the staged inputs to the device (graph-safe)."""
+        self.meta.copy_(self.staging, non_blocking=True)
+
+    def mark_issued(self) -> None:
+        """Call after issuing a step that fetched: guards the staging buffer until it has run."""
+        if self._fetched is not None:
+            self._fetched.record()
+            self._pending = True
 
     def write_logits(self, logits: torch.Tensor, num_logits: int) -> None:
         """Copy the caller's shard in, unless the decode loop wrote straight into `self.logits`."""
