@@ -122,8 +122,7 @@ class Engine:
             self.records = torch.zeros(n, self.layout.width, dtype=torch.int32, device=dev)
         self.backend = make_backend(cfg.graph_backend, dev)
         if hasattr(self.backend, "register_static_buffers"):
-            statics = {"meta": self.inputs.meta, "staging": self.inputs.staging,
-                       "logits": self.inputs.logits,
+            statics = {"meta": self.inputs.meta, "logits": self.inputs.logits,
                        "drafts": self.inputs.draft_token_ids, "bitmask": self.inputs.grammar_bitmask,
                        "local_records": self.local_records, "records": self.records,
                        "identity_rows": self.identity_rows, "workspace": self.workspace.partials}
@@ -132,6 +131,8 @@ class Engine:
                             if isinstance(v, torch.Tensor)})
             if self.transport is not None:
                 statics["receive"] = self.transport.receive_buffer()
+            if self.inputs.staging.device == dev:  # on CUDA it is pinned host memory
+                statics["staging"] = self.inputs.staging
             self.backend.register_static_buffers(statics)
 
     def _barrier(self) -> None:
