@@ -8,7 +8,7 @@ TORCH_SPEC ?= torch==2.13.0
 TRITON_SPEC ?= triton==3.6.0
 CONFIG ?= configs/cpu-demo.toml
 
-.PHONY: demo test bench env clean
+.PHONY: demo test test-gpu bench env clean
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -19,11 +19,16 @@ $(VENV)/.installed: pyproject.toml
 
 env: $(VENV)/.installed
 
+TP ?=
 demo: env
-	$(PY) -m graphshard demo --config $(CONFIG)
+	$(PY) -m graphshard demo --config $(CONFIG) $(if $(TP),--tp $(TP))
 
+# The CPU suite runs its kernels under the Triton interpreter; tests/gpu needs compiled kernels.
 test: env
-	TRITON_INTERPRET=1 $(PY) -m pytest -q tests
+	TRITON_INTERPRET=1 $(PY) -m pytest -q tests --ignore=tests/gpu
+
+test-gpu: env
+	$(PY) -m pytest -q tests/gpu
 
 bench: env
 	$(PY) -m graphshard bench --config $(CONFIG)

@@ -100,7 +100,7 @@ class Engine:
         n, m = cfg.max_num_reqs, cfg.max_num_logits_per_req
         self.tables = SlotTables(cfg.max_num_slots, dev)
         self.inputs = StepInputs(max_num_reqs=n, max_num_logits_per_req=m, vocab_shard=self.vocab_shard,
-                                 bitmask_words=-(-cfg.vocab_size // 32), logits_dtype=self.dtype, device=dev)
+                                 bitmask_words=-(-self.vocab // 32), logits_dtype=self.dtype, device=dev)
         self.plan_buffers = PlanBuffers.allocate(n, m, self.tp_size, dev)
         self.local_records = torch.zeros(n, self.layout.width, dtype=torch.int32, device=dev)
         # One workspace serves every graph: steps run one after another on one stream.
@@ -151,8 +151,9 @@ class Engine:
         self.checker.active[slot] = True
 
     def remove_request(self, slot: int) -> None:
-        if not (0 <= slot < self.config.max_num_slots) or not self.checker.active[slot]:
-            raise ValueError(f"slot {slot} holds no request")
+        if isinstance(slot, bool) or not isinstance(slot, (int, np.integer)) \
+                or not (0 <= slot < self.config.max_num_slots) or not self.checker.active[slot]:
+            raise ValueError(f"slot {slot!r} holds no request")
         self.checker.active[slot] = False
 
     # -- the step functions (what a graph captures) ----------------------------------------------
@@ -211,17 +212,21 @@ class Engine:
         """Capture every bucket (every capacity tier of it) into one pool, largest first."""
         if self.captured:
             raise RuntimeError("capture() already ran")
-        self._write_placeholder_batch(self.config.max_bucket)
         auto = self.config.strategy == "auto" and self.tp_size > 1
         keys = []
         for b in self.config.buckets:
             for strategy in ((SHARD, REPLICATE) if auto else (self._strategy[b],)):
                 keys += self._keys_for(b, strategy)
         by_tuple = {k.as_key(): k for k in keys}
-        self.graphs.capture(lambda t: self._step_fn(by_tuple[t]), keys=list(by_tuple))
+        self.graphs.capture(lambda t: self._capture_fn(by_tuple[t]), keys=list(by_tuple))
         if auto:
             self._strategy = choose_strategies(self)
         self.captured = True
+
+    def _capture_fn(self, key: StepKey):
+        """The step of `key`, with a valid batch of exactly its bucket staged for warm-up and capture."""
+        self._write_placeholder_batch(key.bucket)
+        return self._step_fn(key)
 
     def _write_placeholder_batch(self, n: int) -> None:
         """A valid batch in the static buffers for warm-up and capture (balanced slots, one row each)."""
@@ -250,14 +255,16 @@ class Engine:
         if self.config.max_num_logits_per_req > 1:
             self.inputs.write_drafts(draft_token_ids, num_logits)
         self.inputs.write_bitmask(grammar_bitmask, num_logits)
-        if bucket is not None:
-            self.graphs.replay(key.as_key())
-        elif self.captured:
-            self.graphs.run_eager(self._step_fn(key), n)
-        else:
-            self.eager_steps += 1
-            self._step_fn(key)()
-        self.inputs.mark_issued()
+        try:
+            if bucket is not None:
+                self.graphs.replay(key.as_key())
+            elif self.captured:
+                self.graphs.run_eager(self._step_fn(key), n)
+            else:
+                self.eager_steps += 1
+                self._step_fn(key)()
+        finally:
+            self.inputs.mark_issued()  # even a failed step may have queued its fetch
         return self._outputs(n)
 
     def _outputs(self, n: int) -> SamplerOutput:
@@ -300,8 +307,12 @@ class Engine:
                 raise InvalidBatchError("draft_token_ids given but max_num_logits_per_req is 1")
             _check_int32_input("draft_token_ids", drafts, (num_logits,), self.device)
         if bitmask is not None:
-            _check_int32_input("grammar_bitmask", bitmask, (num_logits, self.inputs.grammar_bitmask.shape[1]),
-                               self.device)
+            # DESIGN sizes it by the padded vocabulary; a width covering the real one is accepted.
+            words = self.inputs.grammar_bitmask.shape[1]
+            real_words = -(-self.config.vocab_size // 32)
+            width = bitmask.shape[-1] if isinstance(bitmask, torch.Tensor) and bitmask.dim() == 2 else words
+            _check_int32_input("grammar_bitmask", bitmask,
+                               (num_logits, width if width in (words, real_words) else words), self.device)
 
     # -- reporting --------------------------------------------------------------------------------
     def stats(self) -> dict:

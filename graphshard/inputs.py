@@ -76,4 +76,4 @@ class StepInputs:
 
     def write_bitmask(self, bitmask: torch.Tensor | None, num_logits: int) -> None:
         if bitmask is not None:
-            self.grammar_bitmask[:num_logits].copy_(bitmask, non_blocking=True)
+            self.grammar_bitmask[:num_logits, : bitmask.shape[1]].copy_(bitmask, non_blocking=True)

@@ -4,7 +4,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import numpy as np
 import torch
+
+from graphshard.rng import split_seed
 
 
 @dataclass(frozen=True)
@@ -23,8 +26,9 @@ class SamplingParams:
             raise ValueError(f"SamplingParams.{field} = {getattr(self, field)!r}: {why}")
         if not (self.temperature >= 0.0) or self.temperature == float("inf"):
             bad("temperature", "must be finite and >= 0")
-        if isinstance(self.top_k, bool) or not isinstance(self.top_k, int):
-            bad("top_k", "must be an integer")
+        if isinstance(self.top_k, bool) or not isinstance(self.top_k, int) \
+                or not (-2**31 <= self.top_k < 2**31):
+            bad("top_k", "must be an int32 integer")
         if not (0.0 < self.top_p <= 1.0):
             bad("top_p", "must be in (0, 1]")
         if not (0.0 <= self.min_p <= 1.0):
@@ -32,8 +36,8 @@ class SamplingParams:
         if isinstance(self.seed, bool) or not isinstance(self.seed, int) or not (0 <= self.seed < 2**63):
             bad("seed", "must be an integer in [0, 2**63)")
         if isinstance(self.num_logprobs, bool) or not isinstance(self.num_logprobs, int) \
-                or self.num_logprobs < 0:
-            bad("num_logprobs", "must be an integer >= 0")
+                or not (0 <= self.num_logprobs < 2**31):
+            bad("num_logprobs", "must be an int32 integer >= 0")
 
 
 class SlotTables:
@@ -53,16 +57,17 @@ class SlotTables:
         self.num_logprobs = torch.zeros(max_num_slots, **i32)
 
     def set(self, slot: int, params: SamplingParams) -> None:
-        if not (0 <= slot < self.max_num_slots):
-            raise ValueError(f"slot {slot} out of range [0, {self.max_num_slots})")
-        lo = params.seed & 0xFFFFFFFF
-        hi = (params.seed >> 32) & 0xFFFFFFFF
-        # int32 storage of the uint32 halves: reinterpret, same bits.
-        to_i32 = lambda u: u - (1 << 32) if u >= (1 << 31) else u  # noqa: E731
+        """Write a slot's parameters (validated by SamplingParams, so no write can fail halfway)."""
+        if isinstance(slot, bool) or not isinstance(slot, (int, np.integer)) \
+                or not (0 <= slot < self.max_num_slots):
+            raise ValueError(f"slot {slot!r} out of range [0, {self.max_num_slots})")
+        if not isinstance(params, SamplingParams):
+            raise TypeError(f"params must be SamplingParams, got {type(params).__name__}")
+        seed_lo, seed_hi = split_seed(params.seed)
         self.temperature[slot] = params.temperature
         self.top_k[slot] = params.top_k
         self.top_p[slot] = params.top_p
         self.min_p[slot] = params.min_p
-        self.seed_lo[slot] = to_i32(lo)
-        self.seed_hi[slot] = to_i32(hi)
+        self.seed_lo[slot] = seed_lo
+        self.seed_hi[slot] = seed_hi
         self.num_logprobs[slot] = params.num_logprobs

@@ -164,3 +164,23 @@ def test_oracle_compare_reports_differences():
     full[0, 5] = 1e9
     b = sample_unsharded(full, **kwargs)
     assert compare(a, b) is not None
+
+
+def test_grammar_bitmask_of_padded_or_real_width():
+    cfg = Config(vocab_size=30, vocab_pad_multiple=64, max_num_reqs=4, max_num_slots=8, buckets=(2, 4))
+    engine = Engine(cfg)  # padded vocabulary 64: two bitmask words; the real 30 tokens need one
+    engine.capture()
+    for slot in range(2):
+        engine.add_request(slot, SamplingParams(temperature=0.0))
+    logits = torch.randn(2, engine.vocab_shard)
+    for words in (1, 2):
+        mask = torch.zeros(2, words, dtype=torch.int32)
+        mask[:, 0] = 1 << 20  # only token 20 allowed
+        out = engine.step(np.arange(2), np.arange(3), np.zeros(2, np.int32), logits, grammar_bitmask=mask)
+        assert out.sampled_token_ids[:, 0].tolist() == [20, 20]
+    with pytest.raises(InvalidBatchError, match="grammar_bitmask must have shape"):
+        engine.step(np.arange(2), np.arange(3), np.zeros(2, np.int32), logits,
+                    grammar_bitmask=torch.zeros(2, 5, dtype=torch.int32))
+    # Without a bitmask the next step is unconstrained again.
+    out = engine.step(np.arange(2), np.arange(3), np.zeros(2, np.int32), logits)
+    assert out.sampled_token_ids[:, 0].tolist() == logits[:, :30].argmax(1).tolist()

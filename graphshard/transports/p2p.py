@@ -313,6 +313,10 @@ class P2PTransport(Transport):
         self._peers_synced = False
 
     def _allocate(self):
+        # The grid and the signal pads are sized by num_blocks: every rank must use the same.
+        blocks = torch.tensor([self.num_blocks], dtype=torch.int64, device=self.device)
+        dist.all_reduce(blocks, op=dist.ReduceOp.MIN, group=self.group)
+        self.num_blocks = int(blocks[0])
         memory = self._memory_cls(self.group, self.device)
         self._recv, recv_ptrs = memory.allocate((self.max_num_rows, self.vocab), self.logits_dtype)
         self._records_out, out_ptrs = memory.allocate((self.max_num_reqs, self.record_width),
