@@ -146,10 +146,6 @@ def report(results: list[dict], cfg: Config) -> str:
     return "\n".join(lines)
 
 
-def _spawned(rank: int, world_size: int, cfg: Config, settings: DemoSettings) -> dict:
-    return run_rank(rank, world_size, cfg, settings)
-
-
 def run(cfg: Config, tp: int, settings: DemoSettings) -> list[dict]:
     """Run the demo on `tp` processes (gloo on CPU, NCCL with GPUs), or in-process when tp = 1."""
     from graphshard.distributed import spawn
@@ -159,4 +155,4 @@ def run(cfg: Config, tp: int, settings: DemoSettings) -> list[dict]:
     backend = "nccl" if torch.cuda.is_available() else "gloo"
     if backend == "nccl" and torch.cuda.device_count() < tp:
         raise SystemExit(f"tp={tp} needs {tp} GPUs, found {torch.cuda.device_count()}")
-    return spawn(_spawned, tp, cfg, settings, backend=backend, timeout_s=3600.0)
+    return spawn(run_rank, tp, cfg, settings, backend=backend, timeout_s=3600.0)

@@ -45,7 +45,8 @@ class StepInputs:
             self._pending = False
         host = self._host_views
         n = idx.shape[0]
-        # Entries past n are never read (the plan masks by n), so only the live prefix is written.
+        # Entries past n are never read (the plan kernel and the sampler mask by n), so only the
+        # live prefix is written.
         host[0][0] = n
         host[1][:n] = idx
         host[2][:n + 1] = cu

@@ -77,7 +77,6 @@ def _bad_inputs_then_good(rank, world, cfg):
     replays_before = dict(engine.stats()["replays"])
     out = engine.step(np.array([0, 1, 2]), np.array([0, 1, 2, 3]), np.zeros(3, np.int32), shard)
     tokens = out.sampled_token_ids[:, 0].tolist()
-    full = torch.empty(3, engine.vocab)
     full_parts = [torch.empty_like(shard) for _ in range(world)]
     torch.distributed.all_gather(full_parts, shard)
     full = torch.cat(full_parts, dim=1)

@@ -2,7 +2,8 @@
 
 Equal-split collectives need host-known sizes, so every destination gets a fixed `capacity` rows:
 the sender gathers `send_rows[owner_row_offsets[d] + j]` for j < capacity (rows past the owner's
-count are clamped copies of real rows, never read), one `all_to_all_single` moves the
+count are the next owners' rows, or clamped copies past the last one: real data, never read),
+one `all_to_all_single` moves the
 [T, capacity, vocab_shard] block, and one strided copy interleaves the vocab shards.
 """
 
