@@ -2,8 +2,7 @@
 
 A graph key is a bucket (a batch size) or a tuple whose first entry is the bucket, e.g.
 `(bucket, strategy, capacity)` as the engine uses. Keys are hashable and sortable; capture runs
-in descending order so
-the largest graph sizes the shared pool and the smaller ones reuse it. A batch of `n` requests
+in descending order so the largest graph sizes the shared pool and the smaller ones reuse it. A batch of `n` requests
 replays the smallest bucket `>= n`; above the largest bucket the step runs eagerly, or the
 manager refuses it before anything (collectives included) has run.
 """
