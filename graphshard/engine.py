@@ -240,7 +240,10 @@ class Engine:
         """Sample one decode step. Replicated host arrays + this rank's logits shard in batch order.
 
         Returns views (batch order, first n rows) of static buffers: read them before the next step.
-        Every check runs before any device work or collective, identically on every rank.
+        Every check runs before any device work or collective. Checks of the replicated inputs
+        raise identically on every rank; the logits, drafts and bitmask tensors are each rank's
+        own, so a wrong one raises on that rank only and its peers then wait in the step's
+        collectives: pass every rank tensors of the same shape and dtype.
         """
         idx, cu, lens = self.checker.check(idx_mapping, cu_num_logits, seq_lens)
         n, num_logits = idx.shape[0], int(cu[-1])
