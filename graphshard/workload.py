@@ -73,6 +73,7 @@ class Workload:
         self.running: list[_Request] = []
         self.step_index = 0
         self.target = 1
+        self._before_burst = 1
 
     def _params(self) -> SamplingParams:
         r = self.rng
@@ -117,7 +118,11 @@ class Workload:
     def next_batch(self) -> Batch:
         # Random walk of the batch size over the whole range, jumps included, so steps cross
         # bucket edges and sometimes exceed the largest bucket.
-        if self.rng.random() < 0.15:
+        if self.step_index % 16 == 10:  # a one-step burst to the largest batch
+            self._before_burst, self.target = self.target, self.max_batch
+        elif self.step_index % 16 == 11:
+            self.target = self._before_burst
+        elif self.rng.random() < 0.15:
             self.target = int(self.rng.integers(0, self.max_batch + 1))
         else:
             self.target = int(np.clip(self.target + self.rng.integers(-3, 4), 0, self.max_batch))
