@@ -17,6 +17,7 @@ import torch.distributed as dist
 
 from graphshard.config import Config
 from graphshard.engine import Engine
+from graphshard.graphs import bucket_of
 from graphshard.oracle import compare, sample_unsharded
 from graphshard.params import SlotTables
 from graphshard.workload import Batch, Workload
@@ -126,8 +127,7 @@ def report(results: list[dict], cfg: Config) -> str:
     r0 = results[0]
     replays = {}
     for key, count in r0["replays"].items():
-        replays[key[0] if isinstance(key, tuple) else key] = replays.get(
-            key[0] if isinstance(key, tuple) else key, 0) + count
+        replays[bucket_of(key)] = replays.get(bucket_of(key), 0) + count
     used = {b: c for b, c in sorted(replays.items()) if c}
     lines = [
         f"graphshard demo: tp={r0['tp']} device={r0['device']} transport={r0['transport']} "

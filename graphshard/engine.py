@@ -17,6 +17,7 @@ import torch
 import torch.distributed as dist
 
 from graphshard.config import Config
+from graphshard.devices import resolve_device
 from graphshard.graphs import GraphManager, make_backend
 from graphshard.inputs import StepInputs
 from graphshard.params import SamplingParams, SlotTables
@@ -58,12 +59,6 @@ class StepKey:
         return (self.bucket, self.strategy, self.capacity)
 
 
-def _default_device() -> torch.device:
-    if torch.cuda.is_available():
-        return torch.device("cuda", torch.cuda.current_device())
-    return torch.device("cpu")
-
-
 class Engine:
     """Batch-sharded sampling for one TP group. Every rank builds one with the same config."""
 
@@ -76,9 +71,7 @@ class Engine:
         self.group = group if group is not None else (dist.group.WORLD if distributed else None)
         self.tp_size = dist.get_world_size(self.group) if self.group is not None else 1
         self.tp_rank = dist.get_rank(self.group) if self.group is not None else 0
-        self.device = torch.device(device) if device is not None else _default_device()
-        if self.device.type == "cuda" and self.device.index is None:
-            self.device = torch.device("cuda", torch.cuda.current_device())
+        self.device = resolve_device(device)
         self.vocab = config.padded_vocab_size(self.tp_size)
         self.vocab_shard = self.vocab // self.tp_size
         self.dtype = DTYPES[config.logits_dtype]

@@ -13,6 +13,8 @@ from typing import Any, Callable, Iterable, Mapping
 
 import torch
 
+from graphshard.devices import resolve_device
+
 
 class CudaGraphBackend:
     """Captures steps into CUDA graphs sharing one memory pool and replays them by key."""
@@ -23,11 +25,9 @@ class CudaGraphBackend:
                  capture_error_mode: str = "thread_local"):
         if not torch.cuda.is_available():
             raise RuntimeError("CudaGraphBackend needs a CUDA device; use EmulatedGraphBackend on CPU")
-        device = torch.device("cuda", torch.cuda.current_device()) if device is None else torch.device(device)
+        device = resolve_device(device)
         if device.type != "cuda":
             raise ValueError(f"CudaGraphBackend needs a cuda device, got {device}")
-        if device.index is None:
-            device = torch.device("cuda", torch.cuda.current_device())
         self.device = device
         # "thread_local": the NCCL watchdog may query events from its own thread during capture.
         self.capture_error_mode = capture_error_mode

@@ -7,7 +7,8 @@ import logging
 import torch
 import torch.distributed as dist
 
-from graphshard.transports.base import Transport, doubling_tiers, pick_tier, resolve_device
+from graphshard.devices import resolve_device
+from graphshard.transports.base import Transport, doubling_tiers, pick_tier
 from graphshard.transports.p2p import P2PTransport, p2p_unavailable_reason
 from graphshard.transports.padded import PaddedTransport
 
@@ -27,9 +28,6 @@ def make_transport(kind: str, group: dist.ProcessGroup | None = None,
     when it cannot run; on CPU it needs the Triton interpreter. `options` go to P2PTransport."""
     if kind not in TRANSPORT_KINDS:
         raise ValueError(f"transport kind must be one of {', '.join(TRANSPORT_KINDS)}, got {kind!r}")
-    if device is None:
-        device = torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() \
-            else torch.device("cpu")
     device = resolve_device(device)
     if device.type not in ("cpu", "cuda"):
         raise ValueError(f"transports run on cpu or cuda devices, got {device}")

@@ -17,6 +17,7 @@ from abc import ABC, abstractmethod
 import torch
 import torch.distributed as dist
 
+from graphshard.devices import resolve_device
 from graphshard.plan_layout import PlanBuffers
 
 # First padded tier: the even split plus 25% headroom, so a batch whose owners are a little
@@ -47,14 +48,6 @@ def pick_tier(tiers: tuple[int, ...], max_owner_rows: int) -> int:
     if max_owner_rows < 0 or max_owner_rows > tiers[-1]:
         raise ValueError(f"max_owner_rows must be in [0, {tiers[-1]}], got {max_owner_rows}")
     return next(t for t in tiers if t >= max_owner_rows)
-
-
-def resolve_device(device: torch.device | str) -> torch.device:
-    """A device with its index: tensors report `cuda:0`, never bare `cuda`."""
-    device = torch.device(device)
-    if device.type == "cuda" and device.index is None:
-        device = torch.device("cuda", torch.cuda.current_device())
-    return device
 
 
 class Transport(ABC):
