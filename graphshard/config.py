@@ -61,6 +61,12 @@ class Config:
     strategy: str = "shard"
     fallback: str = "eager"
     num_logprobs: int = 0
+    # Seconds a rank waits for a peer before the step fails (p2p barriers, gloo collectives);
+    # a CUDA step still running after twice this is aborted.
+    timeout_s: float = 60.0
+    # Debug: hash the replicated inputs and slot-table history every step and compare them across
+    # ranks through one small collective, so diverging ranks raise instead of sampling garbage.
+    check_agreement: bool = False
 
     def __post_init__(self):
         _check_int("vocab_size", self.vocab_size, 2)
@@ -83,6 +89,11 @@ class Config:
         _check_int("num_logprobs", self.num_logprobs, 0)
         if self.num_logprobs > 64:
             _fail("num_logprobs", self.num_logprobs, "must be <= 64")
+        if isinstance(self.timeout_s, bool) or not isinstance(self.timeout_s, (int, float)) \
+                or not 0 < self.timeout_s <= 86400:
+            _fail("timeout_s", self.timeout_s, "must be a number of seconds in (0, 86400]")
+        if not isinstance(self.check_agreement, bool):
+            _fail("check_agreement", self.check_agreement, "must be true or false")
         self._resolve_buckets()
 
     def _resolve_buckets(self):

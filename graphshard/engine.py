@@ -16,8 +16,10 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
+from graphshard.agreement import AgreementCheck, chain, digest
 from graphshard.config import Config
 from graphshard.devices import resolve_device
+from graphshard.faults import FaultReporter, StepFault, Watchdog, default_store, describe
 from graphshard.graphs import GraphManager, make_backend
 from graphshard.inputs import StepInputs
 from graphshard.params import SamplingParams, SlotTables
@@ -85,7 +87,9 @@ class Engine:
                           for b in config.buckets}
         self.captured = False
         self.eager_steps = 0
+        self.steps = 0  # steps issued, the same count on every rank
         self._views: dict[int, SamplerOutput] = {}
+        self._setup_faults()
 
     # -- set-up --------------------------------------------------------------------------------
     def _allocate(self) -> None:
@@ -106,7 +110,7 @@ class Engine:
         if self.tp_size > 1:
             from graphshard.transports import make_transport
 
-            self.transport = make_transport(cfg.transport, self.group, dev)
+            self.transport = make_transport(cfg.transport, self.group, dev, timeout_s=cfg.timeout_s)
             self.transport.setup(max_num_rows=n * m, max_num_reqs=n, vocab_shard=self.vocab_shard,
                                  logits_dtype=self.dtype, record_width=self.layout.width, device=dev)
             self.records = self.transport.output_buffer()
@@ -128,6 +132,19 @@ class Engine:
                 statics["staging"] = self.inputs.staging
             self.backend.register_static_buffers(statics)
 
+    def _setup_faults(self) -> None:
+        cfg = self.config
+        self._fault: str | None = None
+        self._slots_digest = 0  # running hash of add_request/remove_request calls
+        multi = self.tp_size > 1
+        self.reporter = FaultReporter(default_store(self.group) if multi else None, self.group,
+                                      self.tp_rank, self.tp_size)
+        # Only CUDA steps run asynchronously; elsewhere every wait is bounded inside the step.
+        self.watchdog = Watchdog(self.group, 2 * cfg.timeout_s) \
+            if multi and self.device.type == "cuda" else None
+        self.agreement = AgreementCheck(self.group, self.tp_rank, self.tp_size, self.device,
+                                        cfg.timeout_s) if multi and cfg.check_agreement else None
+
     def _barrier(self) -> None:
         if self.transport is not None:
             self.transport.barrier()
@@ -142,12 +159,14 @@ class Engine:
                              f"num_logprobs ({self.config.num_logprobs})")
         self.tables.set(slot, params)
         self.checker.active[slot] = True
+        self._slots_digest = chain(self._slots_digest, "add", int(slot), params)
 
     def remove_request(self, slot: int) -> None:
         if isinstance(slot, bool) or not isinstance(slot, (int, np.integer)) \
                 or not (0 <= slot < self.config.max_num_slots) or not self.checker.active[slot]:
             raise ValueError(f"slot {slot!r} holds no request")
         self.checker.active[slot] = False
+        self._slots_digest = chain(self._slots_digest, "remove", int(slot))
 
     # -- the step functions (what a graph captures) ----------------------------------------------
     def _shard_fn(self, bucket: int, capacity: int):
@@ -234,16 +253,30 @@ class Engine:
 
         Returns views (batch order, first n rows) of static buffers: read them before the next step.
         Every check runs before any device work or collective. Checks of the replicated inputs
-        raise identically on every rank; the logits, drafts and bitmask tensors are each rank's
-        own, so a wrong one raises on that rank only and its peers then wait in the step's
-        collectives: pass every rank tensors of the same shape and dtype.
+        raise identically on every rank. The logits, drafts and bitmask tensors are each rank's
+        own: with `check_agreement` a refused one raises on every rank; without it, it raises
+        on that rank only, which reports it to its peers, and they fail their step within
+        `timeout_s` naming it (DESIGN: pass every rank tensors of the same shape and dtype).
+        A peer that dies or stops stepping makes this raise `StepFault` within `timeout_s`
+        (2 x `timeout_s` for a CUDA step), after which the engine refuses every step.
         """
-        idx, cu, lens = self.checker.check(idx_mapping, cu_num_logits, seq_lens)
-        n, num_logits = idx.shape[0], int(cu[-1])
-        self._check_tensors(logits, draft_token_ids, grammar_bitmask, num_logits)
-        bucket = self.graphs.bucket_for(n) if self.captured else None
-        if self.captured and bucket is None:
-            self.graphs.check_fits(n)
+        self._check_healthy()
+        try:
+            idx, cu, lens = self.checker.check(idx_mapping, cu_num_logits, seq_lens)
+            n, num_logits = idx.shape[0], int(cu[-1])
+            local_error = self._tensor_error(logits, draft_token_ids, grammar_bitmask, num_logits)
+            if self.agreement is not None:
+                batch = digest(idx, cu, lens, draft_token_ids is not None, grammar_bitmask is not None)
+                self._agree(batch, local_error)
+            elif local_error is not None:
+                raise local_error
+            bucket = self.graphs.bucket_for(n) if self.captured else None
+            if self.captured and bucket is None:
+                self.graphs.check_fits(n)
+        except (InvalidBatchError, TypeError) as e:
+            if self.tp_size > 1:  # peers that went on into the step can then name the cause
+                self.reporter.report(f"step {self.steps} refused: {type(e).__name__}: {e}")
+            raise
         key = self._choose_key(bucket, idx, cu, n)
 
         self.inputs.write_meta(idx, cu, lens, bitmask_on=grammar_bitmask is not None)
@@ -259,9 +292,60 @@ class Engine:
             else:
                 self.eager_steps += 1
                 self._step_fn(key)()
+        except Exception as e:
+            self._break(f"{type(e).__name__}: {e}", e)
         finally:
             self.inputs.mark_issued()  # even a failed step may have queued its fetch
+        self.steps += 1
+        done = self.inputs.issued_event()
+        if done is not None and self.watchdog is not None:
+            self.watchdog.watch(self.steps - 1, done)
+        elif done is None:
+            self._check_transport()  # the step ran synchronously: its barriers are done
         return self._outputs(n)
+
+    def _agree(self, batch: int, local_error: Exception | None) -> None:
+        try:
+            self.agreement.check(self.steps, batch, self._slots_digest, local_error)
+        except (InvalidBatchError, TypeError):
+            raise
+        except Exception as e:  # the collective itself failed: a peer is gone
+            self._break(f"the agreement check failed: {type(e).__name__}: {e}", e)
+
+    # -- faults -----------------------------------------------------------------------------------
+    def _check_healthy(self) -> None:
+        """Refuse to step after a fault; on CUDA, wait (bounded) for the previous step first."""
+        if self._fault is not None:
+            raise StepFault(f"the engine is broken by an earlier fault: {self._fault}")
+        if self.watchdog is not None and self.inputs.issued_event() is not None:
+            fault = self.watchdog.wait()
+            if fault is not None:
+                self._break(fault)
+            self._check_transport()
+
+    def _check_transport(self) -> None:
+        fault = self.transport.fault() if self.transport is not None else None
+        if fault is not None:
+            self._break(fault)
+
+    def _break(self, what: str, cause: BaseException | None = None):
+        """Record the fault, tell the peers and raise it; every later step raises it too."""
+        step = max(self.steps - 1, 0) if cause is None else self.steps
+        self.reporter.report(f"step {step} failed: {what}")
+        self._fault = describe(f"step {step} failed on rank {self.tp_rank}: {what}",
+                               self.reporter.peer_reports())
+        raise StepFault(self._fault) from cause
+
+    def fail(self, reason: str) -> None:
+        """Give up on this rank (its own error, say): the peers' next steps fail within the
+        timeout naming `reason`, and this engine refuses every later step."""
+        self.reporter.report(f"rank {self.tp_rank} gave up: {reason}")
+        self._fault = f"this rank gave up: {reason}"
+
+    def close(self) -> None:
+        """Stop the watchdog thread (the engine's buffers go with the object)."""
+        if self.watchdog is not None:
+            self.watchdog.close()
 
     def _outputs(self, n: int) -> SamplerOutput:
         """Views of the first n records, built once per n (views cost host time every step)."""
@@ -285,6 +369,14 @@ class Engine:
         if tiers is None:  # eager: the exact size is the capacity
             return StepKey(size, SHARD, max(1, max_rows))
         return StepKey(size, SHARD, pick_tier(tiers, max_rows))
+
+    def _tensor_error(self, logits, drafts, bitmask, num_logits: int) -> Exception | None:
+        """This rank's tensors checked: the error to raise, or None."""
+        try:
+            self._check_tensors(logits, drafts, bitmask, num_logits)
+        except (InvalidBatchError, TypeError) as e:
+            return e
+        return None
 
     def _check_tensors(self, logits, drafts, bitmask, num_logits: int) -> None:
         if not isinstance(logits, torch.Tensor):

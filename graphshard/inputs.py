@@ -63,6 +63,10 @@ class StepInputs:
             self._fetched.record()
             self._pending = True
 
+    def issued_event(self) -> torch.cuda.Event | None:
+        """The event recorded after the last issued step, or None (CPU: steps run synchronously)."""
+        return self._fetched if self._pending else None
+
     def write_logits(self, logits: torch.Tensor, num_logits: int) -> None:
         """Copy the caller's shard in, unless the decode loop wrote straight into `self.logits`."""
         if num_logits and logits.data_ptr() == self.logits.data_ptr():

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+import numbers
 from dataclasses import dataclass
 
 import numpy as np
@@ -9,10 +11,40 @@ import torch
 
 from graphshard.rng import split_seed
 
+_F32_MAX = float(np.finfo(np.float32).max)
+# The sampler scores a row as fp32 logit / temperature. From this temperature up the scores stay
+# finite for |logit| < 3.4e8, far beyond what an LM head emits; below it ever smaller logits
+# overflow to +-inf (all above 3.4 at 1e-38) and the row samples an arbitrary token. Greedy
+# sampling is temperature 0.
+MIN_TEMPERATURE = 1e-30
+
+
+def _number(field: str, value, integer: bool):
+    """`value` as a plain int or float, or TypeError naming the field (bools are refused: a
+    flag passed by mistake would otherwise read as 0 or 1)."""
+    kind = numbers.Integral if integer else numbers.Real
+    if isinstance(value, (bool, np.bool_)) or not isinstance(value, kind):
+        raise TypeError(f"SamplingParams.{field} = {value!r}: must be "
+                        f"{'an integer' if integer else 'a real number'}, got {type(value).__name__}")
+    if integer:
+        return int(value)
+    try:
+        out = float(value)
+    except OverflowError:  # an int beyond the float range
+        out = math.inf
+    if not math.isfinite(out):
+        raise ValueError(f"SamplingParams.{field} = {value!r}: must be finite")
+    return out
+
 
 @dataclass(frozen=True)
 class SamplingParams:
-    """temperature 0 = greedy. top_k <= 0, top_p >= 1 and min_p <= 0 switch a filter off."""
+    """temperature 0 = greedy. top_k <= 0, top_p >= 1 and min_p <= 0 switch a filter off.
+
+    Fields are stored as plain Python numbers (NumPy scalars are converted), and every accepted
+    value is one the fp32/int32 slot tables hold exactly as meant: no overflow to inf, no
+    rounding of a positive temperature or top_p to 0.
+    """
 
     temperature: float = 1.0
     top_k: int = 0
@@ -24,19 +56,21 @@ class SamplingParams:
     def __post_init__(self):
         def bad(field, why):
             raise ValueError(f"SamplingParams.{field} = {getattr(self, field)!r}: {why}")
-        if not (self.temperature >= 0.0) or self.temperature == float("inf"):
-            bad("temperature", "must be finite and >= 0")
-        if isinstance(self.top_k, bool) or not isinstance(self.top_k, int) \
-                or not (-2**31 <= self.top_k < 2**31):
+        for field, integer in (("temperature", False), ("top_k", True), ("top_p", False),
+                               ("min_p", False), ("seed", True), ("num_logprobs", True)):
+            object.__setattr__(self, field, _number(field, getattr(self, field), integer))
+        if not (self.temperature == 0.0 or MIN_TEMPERATURE <= self.temperature <= _F32_MAX):
+            bad("temperature", f"must be 0 (greedy) or in [{MIN_TEMPERATURE:g}, {_F32_MAX:.4g}] "
+                               f"(fp32 scores logit / temperature must stay finite)")
+        if not (-2**31 <= self.top_k < 2**31):
             bad("top_k", "must be an int32 integer")
-        if not (0.0 < self.top_p <= 1.0):
-            bad("top_p", "must be in (0, 1]")
+        if not (0.0 < self.top_p <= 1.0) or np.float32(self.top_p) == 0.0:
+            bad("top_p", "must be in (0, 1] and not round to 0 in float32")
         if not (0.0 <= self.min_p <= 1.0):
             bad("min_p", "must be in [0, 1]")
-        if isinstance(self.seed, bool) or not isinstance(self.seed, int) or not (0 <= self.seed < 2**63):
+        if not (0 <= self.seed < 2**63):
             bad("seed", "must be an integer in [0, 2**63)")
-        if isinstance(self.num_logprobs, bool) or not isinstance(self.num_logprobs, int) \
-                or not (0 <= self.num_logprobs < 2**31):
+        if not (0 <= self.num_logprobs < 2**31):
             bad("num_logprobs", "must be an int32 integer >= 0")
 
 
@@ -58,8 +92,9 @@ class SlotTables:
 
     def set(self, slot: int, params: SamplingParams) -> None:
         """Write a slot's parameters (validated by SamplingParams, so no write can fail halfway)."""
-        if isinstance(slot, bool) or not isinstance(slot, (int, np.integer)) \
-                or not (0 <= slot < self.max_num_slots):
+        if isinstance(slot, bool) or not isinstance(slot, (int, np.integer)):
+            raise TypeError(f"slot must be an integer, got {type(slot).__name__} ({slot!r})")
+        if not (0 <= slot < self.max_num_slots):
             raise ValueError(f"slot {slot!r} out of range [0, {self.max_num_slots})")
         if not isinstance(params, SamplingParams):
             raise TypeError(f"params must be SamplingParams, got {type(params).__name__}")

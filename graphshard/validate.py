@@ -6,6 +6,7 @@ batch raises the same error everywhere, nothing hangs and no engine state change
 
 from __future__ import annotations
 
+import numbers
 from dataclasses import dataclass
 
 import numpy as np
@@ -35,10 +36,25 @@ def to_host_int32(name: str, value) -> np.ndarray:
         if value.device.type != "cpu":
             raise InvalidBatchError(
                 f"{name} must be a host array (the scheduler's copy), got a tensor on {value.device}")
-        value = value.numpy()
-    arr = np.asarray(value)
+        # Refused before .numpy(), which fails with torch's own errors on bfloat16 and on
+        # tensors that require grad.
+        if value.dtype.is_floating_point or value.dtype.is_complex or value.dtype == torch.bool:
+            raise InvalidBatchError(f"{name} must hold integers, got dtype {value.dtype}")
+        try:
+            value = value.numpy()
+        except (TypeError, RuntimeError) as e:
+            raise InvalidBatchError(f"{name}: cannot read this tensor on the host ({e})") from None
+    try:
+        arr = np.asarray(value)
+    except (TypeError, ValueError) as e:  # ragged nested lists, objects NumPy cannot convert
+        raise InvalidBatchError(f"{name} must be a 1-D integer array, got {type(value).__name__}: {e}") from None
     if arr.ndim != 1:
-        raise InvalidBatchError(f"{name} must be 1-D, got shape {arr.shape}")
+        raise InvalidBatchError(f"{name} must be 1-D (an integer array, list or CPU tensor), got "
+                                f"{type(value).__name__} of shape {arr.shape}")
+    if arr.size and arr.dtype == object and all(
+            isinstance(v, numbers.Integral) and not isinstance(v, bool) for v in arr):
+        # NumPy only falls back to object for Python ints beyond 64 bits.
+        raise InvalidBatchError(f"{name} has values outside int32")
     if arr.size and not np.issubdtype(arr.dtype, np.integer):
         raise InvalidBatchError(f"{name} must hold integers, got dtype {arr.dtype}")
     if arr.size and (arr.min() < np.iinfo(np.int32).min or arr.max() > np.iinfo(np.int32).max):
@@ -97,13 +113,13 @@ class BatchChecker:
         return idx, cu, lens
 
     def _raise_counts(self, counts: np.ndarray):
-        low = np.flatnonzero(counts < 1)
-        if low.size:
-            i = int(low[0])
+        # Name the first bad request: its count is exact, while counts after it may have wrapped
+        # around int32 and would name the wrong request or the wrong mistake.
+        i = int(np.flatnonzero((counts < 1) | (counts > self.limits.max_num_logits_per_req))[0])
+        if counts[i] < 1:
             raise InvalidBatchError(
                 f"cu_num_logits must be strictly increasing (every request has >= 1 logits row); "
                 f"request {i} has {counts[i]}")
-        i = int(np.argmax(counts))
         raise InvalidBatchError(
             f"request {i} has {counts[i]} logits rows, above max_num_logits_per_req "
             f"({self.limits.max_num_logits_per_req})")

@@ -13,12 +13,28 @@ from __future__ import annotations
 
 import math
 from abc import ABC, abstractmethod
+from datetime import timedelta
 
 import torch
 import torch.distributed as dist
 
 from graphshard.devices import resolve_device
 from graphshard.plan_layout import PlanBuffers
+
+# torch >= 2.13 names the fixed-size all-gather `all_gather_single`; older releases only have
+# `all_gather_into_tensor` (same semantics, deprecated later).
+all_gather_single = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
+
+
+def finish(work, device: torch.device, timeout: timedelta) -> None:
+    """Complete an async collective. gloo: wait at most `timeout` (a dead peer fails it at once,
+    a silent one at the bound). NCCL: order the stream after it; its waits are bounded by the
+    group's watchdog when eager and by the engine's step watchdog inside graphs."""
+    if device.type == "cpu":
+        work.wait(timeout=timeout)
+    else:
+        work.wait()
+
 
 # First padded tier: the even split plus 25% headroom, so a batch whose owners are a little
 # unbalanced still fits the smallest tier instead of paying for the next doubling.
@@ -55,9 +71,15 @@ class Transport(ABC):
 
     name: str = "base"
 
-    def __init__(self, group: dist.ProcessGroup | None, device: torch.device | str):
+    def __init__(self, group: dist.ProcessGroup | None, device: torch.device | str, *,
+                 timeout_s: float = 60.0):
+        """`timeout_s` bounds every wait on a peer that the transport itself can bound."""
         if not dist.is_initialized():
             raise RuntimeError("torch.distributed must be initialized before creating a transport")
+        if isinstance(timeout_s, bool) or not isinstance(timeout_s, (int, float)) \
+                or not 0 < timeout_s < 1e9:
+            raise ValueError(f"timeout_s must be a positive number of seconds, got {timeout_s!r}")
+        self.timeout_s = float(timeout_s)
         self.group = group if group is not None else dist.group.WORLD
         self.device = resolve_device(device)
         self.tp_rank = dist.get_rank(self.group)
@@ -121,6 +143,11 @@ class Transport(ABC):
 
     @abstractmethod
     def barrier(self) -> None: ...
+
+    def fault(self) -> str | None:
+        """Why the transport gave up on a peer (it is then broken for good), or None. Collective
+        errors raise instead; transports whose device-side waits give up on their own say so here."""
+        return None
 
     @abstractmethod
     def receive_buffer(self) -> torch.Tensor:

@@ -15,6 +15,12 @@ system scope; each slot is used once per barrier phase and is consumed before it
 reach the same phase again, so the pads return to zero after every kernel and need no host-side
 epoch (graph replays just work).
 
+Faults. A peer that died or stopped stepping never raises its flag, so every wait is bounded:
+past `timeout_s` the program gives up, records (phase, peer) in a status word (a device word
+the later barriers read so they give up at once, and a pinned host copy the engine reads
+without a device sync) and lets the kernel finish. The pads are then in an unknown state: the
+transport is broken for good and `fault()` says why.
+
 On CPU the same kernels run under the Triton interpreter against shared-file mappings, which lets
 the CPU suite run the real kernels, barriers included, across processes.
 """
@@ -26,11 +32,13 @@ import os
 import shutil
 import socket
 import tempfile
+import time
 
 import torch
 import torch.distributed as dist
 import triton
 import triton.language as tl
+from triton.language.extra import cuda as tl_cuda
 
 from graphshard.launch import launch
 from graphshard.plan_layout import PlanBuffers
@@ -40,6 +48,17 @@ from graphshard.transports.base import Transport
 _CH_ROWS, _CH_RECORDS, _CH_BARRIER = 0, 2, 4
 _NUM_CHANNELS = 6
 _MAX_ROW_BLOCK = 4096
+_PHASES = ("row push start", "row push end", "record push start", "record push end",
+           "barrier phase 1", "barrier phase 2")
+
+if os.environ.get("TRITON_INTERPRET") == "1":
+    @triton.jit
+    def _now_ns():
+        return time.monotonic_ns()  # the interpreter has no %globaltimer
+else:
+    @triton.jit
+    def _now_ns():
+        return tl_cuda.globaltimer()
 
 
 @triton.jit
@@ -55,22 +74,44 @@ def _arrive(signal_ptrs_ptr, slot, rank, WORLD_SIZE: tl.constexpr, WORLD_POW2: t
 
 
 @triton.jit
-def _await(signal_ptrs_ptr, slot, rank, WORLD_SIZE: tl.constexpr):
-    """Wait for every rank's flag for `slot` on this rank's pad and consume it (acquire)."""
+def _await(signal_ptrs_ptr, status_ptr, slot, rank, timeout_ns, MAX_BLOCKS: tl.constexpr,
+           WORLD_SIZE: tl.constexpr):
+    """Wait for every rank's flag for `slot` on this rank's pad and consume it (acquire). Gives
+    up past `timeout_ns`, or at once after an earlier fault, and records why."""
     pad = tl.load(signal_ptrs_ptr + rank).to(tl.pointer_type(tl.int32)) + slot * WORLD_SIZE
-    for peer in tl.static_range(WORLD_SIZE):
-        while tl.atomic_cas(pad + peer, 1, 0, sem="acquire", scope="sys") != 1:
-            pass
+    failed = tl.load(status_ptr, volatile=True) != 0
+    if not failed:
+        start = _now_ns()
+        for peer in tl.static_range(WORLD_SIZE):
+            arrived = tl.atomic_cas(pad + peer, 1, 0, sem="acquire", scope="sys") == 1
+            late = False
+            while not (arrived | late):
+                arrived = tl.atomic_cas(pad + peer, 1, 0, sem="acquire", scope="sys") == 1
+                late = _now_ns() - start > timeout_ns
+            if not arrived:
+                _record_fault(status_ptr, slot // MAX_BLOCKS, peer)
     tl.debug_barrier()
 
 
 @triton.jit
-def _sync(signal_ptrs_ptr, slot, rank, WORLD_SIZE: tl.constexpr, WORLD_POW2: tl.constexpr):
+def _record_fault(status_ptr, phase, peer):
+    """status = [1 + phase, peer] in device memory, then in the pinned host copy whose address
+    is status[2:4]; the first program to give up wins."""
+    if tl.atomic_cas(status_ptr, 0, 1 + phase, sem="relaxed", scope="gpu") == 0:
+        host = tl.load(status_ptr.to(tl.pointer_type(tl.int64)) + 1)
+        host = host.to(tl.pointer_type(tl.int32))
+        tl.store(host + 1, peer)
+        tl.store(host, 1 + phase)
+
+
+@triton.jit
+def _sync(signal_ptrs_ptr, status_ptr, slot, rank, timeout_ns, MAX_BLOCKS: tl.constexpr,
+          WORLD_SIZE: tl.constexpr, WORLD_POW2: tl.constexpr):
     _arrive(signal_ptrs_ptr, slot, rank, WORLD_SIZE, WORLD_POW2)
-    _await(signal_ptrs_ptr, slot, rank, WORLD_SIZE)
+    _await(signal_ptrs_ptr, status_ptr, slot, rank, timeout_ns, MAX_BLOCKS, WORLD_SIZE)
 
 
-@triton.jit(do_not_specialize=["num_rows"])
+@triton.jit(do_not_specialize=["num_rows", "timeout_ns"])
 def _push_rows_kernel(
     src_ptr,  # [>= rows, VOCAB_SHARD] this rank's vocab columns, batch row order
     src_row_stride,
@@ -79,7 +120,9 @@ def _push_rows_kernel(
     num_rows,  # rows every rank receives (all-gather)
     dst_ptrs_ptr,  # [T] int64: each rank's receive buffer [max_num_rows, T * VOCAB_SHARD]
     signal_ptrs_ptr,  # [T] int64: each rank's signal pad [channels, MAX_BLOCKS, T]
+    status_ptr,  # [4] int32: fault status (see _record_fault)
     rank,
+    timeout_ns,
     VOCAB_SHARD: tl.constexpr,
     WORLD_SIZE: tl.constexpr,
     WORLD_POW2: tl.constexpr,
@@ -90,7 +133,8 @@ def _push_rows_kernel(
 ):
     pid = tl.program_id(0)
     num_programs = tl.num_programs(0)
-    _sync(signal_ptrs_ptr, CHANNEL * MAX_BLOCKS + pid, rank, WORLD_SIZE, WORLD_POW2)
+    _sync(signal_ptrs_ptr, status_ptr, CHANNEL * MAX_BLOCKS + pid, rank, timeout_ns, MAX_BLOCKS,
+          WORLD_SIZE, WORLD_POW2)
 
     num_chunks = (VOCAB_SHARD + BLOCK - 1) // BLOCK
     peers = tl.arange(0, WORLD_POW2)
@@ -123,10 +167,11 @@ def _push_rows_kernel(
                  mask=mask)
         item += num_programs
 
-    _sync(signal_ptrs_ptr, (CHANNEL + 1) * MAX_BLOCKS + pid, rank, WORLD_SIZE, WORLD_POW2)
+    _sync(signal_ptrs_ptr, status_ptr, (CHANNEL + 1) * MAX_BLOCKS + pid, rank, timeout_ns,
+          MAX_BLOCKS, WORLD_SIZE, WORLD_POW2)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["timeout_ns"])
 def _push_records_kernel(
     records_ptr,  # [>= local_num_reqs, WIDTH] int32, local order
     records_row_stride,
@@ -134,7 +179,9 @@ def _push_records_kernel(
     local_req_indices_ptr,  # [N] batch index of each local request
     dst_ptrs_ptr,  # [T] int64: each rank's output buffer [max_num_reqs, WIDTH]
     signal_ptrs_ptr,  # [T] int64: each rank's signal pad
+    status_ptr,  # [4] int32: fault status
     rank,
+    timeout_ns,
     WIDTH: tl.constexpr,
     WIDTH_POW2: tl.constexpr,
     REQ_TILE: tl.constexpr,
@@ -147,7 +194,8 @@ def _push_records_kernel(
     pid = tl.program_id(0)
     num_programs = tl.num_programs(0)
     if FENCE_BEFORE:
-        _sync(signal_ptrs_ptr, CHANNEL * MAX_BLOCKS + pid, rank, WORLD_SIZE, WORLD_POW2)
+        _sync(signal_ptrs_ptr, status_ptr, CHANNEL * MAX_BLOCKS + pid, rank, timeout_ns, MAX_BLOCKS,
+          WORLD_SIZE, WORLD_POW2)
 
     num_local = tl.load(local_num_reqs_ptr)
     num_tiles = (num_local + REQ_TILE - 1) // REQ_TILE
@@ -166,15 +214,18 @@ def _push_records_kernel(
         tl.store(dst + batch_rows.to(tl.int64)[:, None] * WIDTH + cols[None, :], vals, mask=mask)
         item += num_programs
 
-    _sync(signal_ptrs_ptr, (CHANNEL + 1) * MAX_BLOCKS + pid, rank, WORLD_SIZE, WORLD_POW2)
+    _sync(signal_ptrs_ptr, status_ptr, (CHANNEL + 1) * MAX_BLOCKS + pid, rank, timeout_ns,
+          MAX_BLOCKS, WORLD_SIZE, WORLD_POW2)
 
 
-@triton.jit
-def _barrier_kernel(signal_ptrs_ptr, rank, WORLD_SIZE: tl.constexpr, WORLD_POW2: tl.constexpr,
-                    MAX_BLOCKS: tl.constexpr, CHANNEL: tl.constexpr):
+@triton.jit(do_not_specialize=["timeout_ns"])
+def _barrier_kernel(signal_ptrs_ptr, status_ptr, rank, timeout_ns, WORLD_SIZE: tl.constexpr,
+                    WORLD_POW2: tl.constexpr, MAX_BLOCKS: tl.constexpr, CHANNEL: tl.constexpr):
     # Two phases, so a fast rank cannot re-raise a flag its peer has not consumed yet.
-    _sync(signal_ptrs_ptr, CHANNEL * MAX_BLOCKS, rank, WORLD_SIZE, WORLD_POW2)
-    _sync(signal_ptrs_ptr, (CHANNEL + 1) * MAX_BLOCKS, rank, WORLD_SIZE, WORLD_POW2)
+    _sync(signal_ptrs_ptr, status_ptr, CHANNEL * MAX_BLOCKS, rank, timeout_ns, MAX_BLOCKS,
+          WORLD_SIZE, WORLD_POW2)
+    _sync(signal_ptrs_ptr, status_ptr, (CHANNEL + 1) * MAX_BLOCKS, rank, timeout_ns, MAX_BLOCKS,
+          WORLD_SIZE, WORLD_POW2)
 
 
 # -- peer memory --------------------------------------------------------------------------------
@@ -294,8 +345,9 @@ class P2PTransport(Transport):
 
     name = "p2p"
 
-    def __init__(self, group, device, *, num_blocks: int | None = None):
-        super().__init__(group, device)
+    def __init__(self, group, device, *, num_blocks: int | None = None, timeout_s: float = 60.0):
+        super().__init__(group, device, timeout_s=timeout_s)
+        self._timeout_ns = int(self.timeout_s * 1e9)
         if num_blocks is not None and (isinstance(num_blocks, bool) or not isinstance(num_blocks, int)
                                        or num_blocks < 1):
             raise ValueError(f"num_blocks must be a positive int, got {num_blocks!r}")
@@ -335,11 +387,28 @@ class P2PTransport(Transport):
         self._recv_ptrs, self._out_ptrs = as_table(recv_ptrs), as_table(out_ptrs)
         self._signal_ptrs = as_table(signal_ptrs)
         self._no_rows = torch.zeros(self.tp_size + 1, dtype=torch.int32, device=self.device)
+        self._allocate_status()
         self._row_block = min(_MAX_ROW_BLOCK, triton.next_power_of_2(self.vocab_shard))
         width_pow2 = triton.next_power_of_2(self.record_width)
         self._req_tile = max(1, min(32, 2048 // width_pow2))
         self._record_blocks = min(self.num_blocks, 16)
         self._warm_up()
+
+    def _allocate_status(self):
+        """The fault status word: [1 + phase, peer, host copy's address] on the device, and the
+        host copy (pinned on CUDA, so the kernels write it and the host reads it with no copy)."""
+        self._status_host = torch.zeros(2, dtype=torch.int32, pin_memory=self.device.type == "cuda")
+        status = torch.zeros(4, dtype=torch.int32)
+        status[2:].view(torch.int64)[0] = self._status_host.data_ptr()
+        self._status = status.to(self.device)
+
+    def fault(self) -> str | None:
+        """Reads the host copy of the status: call after the kernels of interest have finished."""
+        phase, peer = (int(v) for v in self._status_host)
+        if phase == 0:
+            return None
+        return (f"p2p {_PHASES[phase - 1]} barrier on rank {self.tp_rank} gave up after "
+                f"{self.timeout_s:g} s waiting for rank {peer}")
 
     def _warm_up(self):
         """Compile every kernel variant and run each once with empty counts, before any capture."""
@@ -372,7 +441,7 @@ class P2PTransport(Transport):
     def _push_rows(self, logits_shard, send_rows, row_offsets, *, num_rows: int, all_rows: bool):
         launch(_push_rows_kernel, (self.num_blocks,),
                logits_shard, logits_shard.stride(0), send_rows, row_offsets, num_rows,
-               self._recv_ptrs, self._signal_ptrs, self.tp_rank,
+               self._recv_ptrs, self._signal_ptrs, self._status, self.tp_rank, self._timeout_ns,
                VOCAB_SHARD=self.vocab_shard, WORLD_SIZE=self.tp_size,
                WORLD_POW2=triton.next_power_of_2(self.tp_size), MAX_BLOCKS=self.num_blocks,
                CHANNEL=_CH_ROWS, ALL_ROWS=all_rows, BLOCK=self._row_block,
@@ -382,7 +451,7 @@ class P2PTransport(Transport):
     def _push_records(self, records, local_num_reqs, local_req_indices):
         launch(_push_records_kernel, (self._record_blocks,),
                records, records.stride(0), local_num_reqs, local_req_indices,
-               self._out_ptrs, self._signal_ptrs, self.tp_rank,
+               self._out_ptrs, self._signal_ptrs, self._status, self.tp_rank, self._timeout_ns,
                WIDTH=self.record_width, WIDTH_POW2=triton.next_power_of_2(self.record_width),
                REQ_TILE=self._req_tile, WORLD_SIZE=self.tp_size,
                WORLD_POW2=triton.next_power_of_2(self.tp_size), MAX_BLOCKS=self.num_blocks,
@@ -422,7 +491,8 @@ class P2PTransport(Transport):
         self._launch_barrier()
 
     def _launch_barrier(self):
-        launch(_barrier_kernel, (1,), self._signal_ptrs, self.tp_rank, WORLD_SIZE=self.tp_size,
+        launch(_barrier_kernel, (1,), self._signal_ptrs, self._status, self.tp_rank,
+               self._timeout_ns, WORLD_SIZE=self.tp_size,
                WORLD_POW2=triton.next_power_of_2(self.tp_size), MAX_BLOCKS=self.num_blocks,
                CHANNEL=_CH_BARRIER)
         self._peers_synced = True

@@ -9,23 +9,22 @@ one `all_to_all_single` moves the
 
 from __future__ import annotations
 
+from datetime import timedelta
+
 import torch
 import torch.distributed as dist
 
 from graphshard.plan_layout import PlanBuffers
-from graphshard.transports.base import Transport
-
-# torch >= 2.13 names the fixed-size all-gather `all_gather_single`; older releases only have
-# `all_gather_into_tensor` (same semantics, deprecated later).
-_all_gather_single = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
+from graphshard.transports.base import Transport, all_gather_single, finish
 
 
 class PaddedTransport(Transport):
     """Capacity-padded all-to-all + all-gather; `name` is "gloo" on CPU and "nccl" on CUDA."""
 
-    def __init__(self, group, device):
-        super().__init__(group, device)
+    def __init__(self, group, device, *, timeout_s: float = 60.0):
+        super().__init__(group, device, timeout_s=timeout_s)
         self.name = "nccl" if self.device.type == "cuda" else "gloo"
+        self._timeout = timedelta(seconds=self.timeout_s)
 
     def _allocate(self):
         t, r, vs = self.tp_size, self.max_num_rows, self.vocab_shard
@@ -60,10 +59,11 @@ class PaddedTransport(Transport):
         return self._records_out
 
     def _all_to_all(self, recv: torch.Tensor, send: torch.Tensor):
-        dist.all_to_all_single(recv, send, group=self.group)
+        work = dist.all_to_all_single(recv, send, group=self.group, async_op=True)
+        finish(work, self.device, self._timeout)
 
     def _all_gather(self, out: torch.Tensor, inp: torch.Tensor):
-        _all_gather_single(out, inp, group=self.group)
+        finish(all_gather_single(out, inp, group=self.group, async_op=True), self.device, self._timeout)
 
     # -- the step ---------------------------------------------------------------------------
     def exchange(self, plan: PlanBuffers, logits_shard: torch.Tensor, out: torch.Tensor | None,
@@ -132,7 +132,7 @@ class PaddedTransport(Transport):
 
     def barrier(self):
         if self.device.type == "cpu":
-            dist.barrier(group=self.group)
+            finish(dist.barrier(group=self.group, async_op=True), self.device, self._timeout)
         else:
             # dist.barrier() syncs the host; a one-element all-reduce can sit inside a graph.
             dist.all_reduce(self._flag, group=self.group)

@@ -1,0 +1,72 @@
+"""Debug mode `check_agreement`: prove every rank is about to run the same step.
+
+The sharded step is only correct when every rank passes identical replicated inputs and holds
+identical slot tables; a rank that diverges (a scheduler bug, a missed `add_request`) would pair
+its collectives with the wrong rows and return wrong tokens without any error. With the mode on,
+each step hashes what must agree and all-gathers [step, batch hash, slot-table hash, tensor
+check] (32 bytes per rank) before any other collective; any difference raises on every rank.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from datetime import timedelta
+
+import numpy as np
+import torch
+import torch.distributed as dist
+
+from graphshard.transports.base import all_gather_single, finish
+from graphshard.validate import InvalidBatchError
+
+
+class RankDivergenceError(InvalidBatchError):
+    """Ranks passed different replicated inputs or hold different slot tables."""
+
+
+def digest(*parts) -> int:
+    """A 63-bit hash of NumPy arrays and plain values (order and dtype sensitive)."""
+    h = hashlib.blake2b(digest_size=8)
+    for p in parts:
+        h.update(p.tobytes() if isinstance(p, np.ndarray) else repr(p).encode())
+        h.update(b"|")
+    return int.from_bytes(h.digest(), "little") >> 1
+
+
+def chain(previous: int, *parts) -> int:
+    """Fold an event (an add_request, say) into a running history hash."""
+    return digest(previous, *parts)
+
+
+class AgreementCheck:
+    """One all-gather per step; raises the same error on every rank when anything differs."""
+
+    def __init__(self, group: dist.ProcessGroup, rank: int, world_size: int, device: torch.device,
+                 timeout_s: float):
+        self.group, self.rank, self.world_size = group, rank, world_size
+        self.device = device if device.type == "cuda" else torch.device("cpu")
+        self._timeout = timedelta(seconds=timeout_s)
+        self._mine = torch.zeros(4, dtype=torch.int64, device=self.device)
+        self._all = torch.zeros(world_size, 4, dtype=torch.int64, device=self.device)
+
+    def check(self, step: int, batch: int, slots: int, local_error: Exception | None) -> None:
+        self._mine.copy_(torch.tensor([step, batch, slots, local_error is not None]))
+        finish(all_gather_single(self._all, self._mine, group=self.group, async_op=True),
+               self.device, self._timeout)
+        rows = self._all.cpu().numpy()
+        if rows[:, 3].any():
+            self._raise_tensor_errors(rows, local_error)
+        for col, what in ((0, "step counts"), (1, "replicated step inputs"),
+                          (2, "slot tables (add_request/remove_request history)")):
+            differ = np.flatnonzero(rows[:, col] != rows[0, col])
+            if differ.size:
+                raise RankDivergenceError(
+                    f"step {step}: ranks {differ.tolist()} differ from rank 0 in their {what}; "
+                    "every rank must make identical calls")
+
+    def _raise_tensor_errors(self, rows: np.ndarray, local_error: Exception | None):
+        messages = [None] * self.world_size
+        mine = f"{type(local_error).__name__}: {local_error}" if local_error is not None else None
+        dist.all_gather_object(messages, mine, group=self.group)
+        bad = "; ".join(f"rank {r}: {m}" for r, m in enumerate(messages) if m is not None)
+        raise InvalidBatchError(f"step tensors refused on some ranks ({bad})")

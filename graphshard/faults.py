@@ -1,0 +1,157 @@
+"""Faults: bound every wait on a peer, name the cause, and stop a broken TP group from stepping.
+
+What bounds what (RELIABILITY.md has the full picture):
+- p2p barriers give up on their own after `timeout_s` (see `transports/p2p.py`) and say so in a
+  status word the host reads without a device sync;
+- gloo collectives wait at most `timeout_s` (a dead peer fails them at once);
+- NCCL collectives run eagerly are watched by the group's own watchdog, but collectives replayed
+  from a CUDA graph are not: the `Watchdog` thread here bounds every issued step on CUDA and
+  aborts the group's communicators when one overruns, which makes NCCL's kernels return.
+
+A rank that fails reports why through the group's store, so its peers' errors can name the cause
+rather than only "timed out". Once a fault is seen the engine refuses every later step: the
+peers' flags, queues and communicators are in an unknown state.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+
+import torch
+import torch.distributed as dist
+
+logger = logging.getLogger(__name__)
+
+_KEY_PREFIX = "graphshard/fault"
+
+
+class StepFault(RuntimeError):
+    """A step could not complete because of a peer (or this rank) failing; the group is broken."""
+
+
+class PeerTimeoutError(StepFault):
+    """A peer did not take part in a step within the configured timeout."""
+
+
+def default_store(group: dist.ProcessGroup | None):
+    """The store the default group was built on (file, TCP, ...), or None where there is none."""
+    try:
+        return dist.distributed_c10d._get_default_store() if dist.is_initialized() else None
+    except (AttributeError, RuntimeError, ValueError):
+        return None
+
+
+class FaultReporter:
+    """Out-of-band failure reports between the ranks of one engine, through a c10d store.
+
+    Keys carry the group name and how many engines this rank has built on that group, which is
+    the same number on every rank (engines are built collectively), so reports of an earlier
+    engine never show up as causes in a later one."""
+
+    def __init__(self, store, group: dist.ProcessGroup | None, rank: int, world_size: int):
+        self.store, self.rank, self.world_size = store, rank, world_size
+        self._prefix = None
+        if store is not None:
+            name = group.group_name if group is not None else "local"
+            try:
+                serial = store.add(f"{_KEY_PREFIX}/{name}/engines/{rank}", 1)
+                self._prefix = f"{_KEY_PREFIX}/{name}/{serial}"
+            except Exception as e:  # noqa: BLE001 - reports are best-effort, faults still raise
+                logger.warning("fault reports disabled: store unusable (%s)", e)
+
+    def report(self, message: str) -> None:
+        if self._prefix is None:
+            return
+        try:
+            self.store.set(f"{self._prefix}/{self.rank}", message)
+        except Exception as e:  # noqa: BLE001 - the store may be gone with its host rank
+            logger.warning("could not report the fault to peers: %s", e)
+
+    def peer_reports(self) -> dict[int, str]:
+        """What the other ranks reported (ranks that reported nothing are absent)."""
+        if self._prefix is None:
+            return {}
+        out = {}
+        for r in range(self.world_size):
+            key = f"{self._prefix}/{r}"
+            try:
+                if r != self.rank and self.store.check([key]):
+                    out[r] = self.store.get(key).decode(errors="replace")
+            except Exception:  # noqa: BLE001 - a store that died with its host has nothing to say
+                break
+        return out
+
+
+def describe(what: str, reports: dict[int, str]) -> str:
+    if not reports:
+        return f"{what}; no peer reported an error (a peer may have died or stopped stepping)"
+    causes = "; ".join(f"rank {r}: {m}" for r, m in sorted(reports.items()))
+    return f"{what}; peers reported: {causes}"
+
+
+class Watchdog:
+    """Bounds each issued CUDA step: a step still running `limit_s` after its issue aborts the
+    group's communicators (NCCL kernels then return) and becomes a fault the engine raises at
+    its next call. A daemon thread checks even while the caller is blocked elsewhere (reading the
+    step's outputs, say); `wait` checks on the caller's thread."""
+
+    def __init__(self, group: dist.ProcessGroup | None, limit_s: float):
+        self.group, self.limit_s = group, limit_s
+        self.fault: str | None = None
+        self._step: tuple[int, float, torch.cuda.Event] | None = None
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def watch(self, step: int, done: torch.cuda.Event) -> None:
+        """`done` fires when step `step`, issued now, has finished on the device."""
+        self._step = (step, time.monotonic(), done)
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._run, name="graphshard-watchdog", daemon=True)
+            self._thread.start()
+
+    def wait(self) -> str | None:
+        """Wait for the last watched step, at most until its bound; the fault, or None."""
+        current = self._step
+        if current is None:
+            return self.fault
+        _, issued_at, done = current
+        while not done.query():
+            if self.fault is not None or time.monotonic() - issued_at > self.limit_s:
+                return self._overrun()
+            time.sleep(0)  # a GIL switch point, so the watchdog thread keeps its period
+        return self.fault
+
+    def close(self) -> None:
+        self._stop.set()
+
+    def _run(self) -> None:
+        period = min(1.0, self.limit_s / 4)
+        while not self._stop.wait(period) and self.fault is None:
+            self._overrun()
+
+    def _overrun(self) -> str | None:
+        with self._lock:
+            current = self._step
+            if self.fault is None and current is not None:
+                step, issued_at, done = current
+                if not done.query() and time.monotonic() - issued_at > self.limit_s:
+                    self.fault = f"step {step} did not finish within {self.limit_s:g} s of its issue"
+                    logger.error("%s; aborting the group's communicators", self.fault)
+                    abort_group(self.group)
+            return self.fault
+
+
+def abort_group(group: dist.ProcessGroup | None) -> None:
+    """Abort the group's NCCL communicators so NCCL kernels spinning on a dead peer return.
+    Backend.abort() releases the GIL and only signals the communicators, so a watchdog thread
+    may call it while the main thread is blocked in a CUDA sync (destroy_process_group would
+    wait for the kernels instead)."""
+    if group is None:
+        return
+    try:
+        group._get_backend(torch.device("cuda")).abort()
+    except Exception as e:  # noqa: BLE001 - no NCCL backend, or nothing more can be done
+        logger.error("aborting the group's communicators failed: %s", e)
