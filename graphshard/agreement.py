@@ -33,11 +33,6 @@ def digest(*parts) -> int:
     return int.from_bytes(h.digest(), "little") >> 1
 
 
-def chain(previous: int, *parts) -> int:
-    """Fold an event (an add_request, say) into a running history hash."""
-    return digest(previous, *parts)
-
-
 class AgreementCheck:
     """One all-gather per step; raises the same error on every rank when anything differs."""
 
@@ -47,17 +42,17 @@ class AgreementCheck:
         self.device = device if device.type == "cuda" else torch.device("cpu")
         self._timeout = timedelta(seconds=timeout_s)
         self._mine = torch.zeros(4, dtype=torch.int64, device=self.device)
-        self._all = torch.zeros(world_size, 4, dtype=torch.int64, device=self.device)
+        self._all = torch.zeros(world_size * 4, dtype=torch.int64, device=self.device)  # [T * 4]
 
     def check(self, step: int, batch: int, slots: int, local_error: Exception | None) -> None:
         self._mine.copy_(torch.tensor([step, batch, slots, local_error is not None]))
         finish(all_gather_single(self._all, self._mine, group=self.group, async_op=True),
                self.device, self._timeout)
-        rows = self._all.cpu().numpy()
+        rows = self._all.cpu().numpy().reshape(self.world_size, 4)
         if rows[:, 3].any():
             self._raise_tensor_errors(rows, local_error)
         for col, what in ((0, "step counts"), (1, "replicated step inputs"),
-                          (2, "slot tables (add_request/remove_request history)")):
+                          (2, "active requests and their sampling parameters")):
             differ = np.flatnonzero(rows[:, col] != rows[0, col])
             if differ.size:
                 raise RankDivergenceError(

@@ -130,10 +130,12 @@ def _worker(fn, rank: int, world_size: int, args: tuple, backend: str, init_file
         dist.destroy_process_group()
 
 
-def spawn(fn, world_size: int, *args, backend: str = "gloo", timeout_s: float = 300.0) -> list:
+def spawn(fn, world_size: int, *args, backend: str = "gloo", timeout_s: float = 300.0,
+          failure_grace_s: float = _FAILURE_GRACE_S) -> list:
     """Run `fn(rank, world_size, *args)` in `world_size` fresh processes with torch.distributed
     initialized (file rendezvous in a fresh temp dir). Returns each rank's return value in rank
     order; raises RuntimeError with the failing ranks' tracebacks, TimeoutError past `timeout_s`.
+    After the first failure the others get `failure_grace_s` to report before they are killed.
     `fn` and `args` must be picklable (a module-level function)."""
     if backend not in BACKENDS:
         raise ValueError(f"backend must be one of {', '.join(BACKENDS)}, got {backend!r}")
@@ -151,7 +153,7 @@ def spawn(fn, world_size: int, *args, backend: str = "gloo", timeout_s: float = 
         with _child_env(GPU_ENV):
             for p in procs:
                 p.start()
-        results, errors = _collect(procs, reports, timeout_s)
+        results, errors = _collect(procs, reports, timeout_s, failure_grace_s)
     finally:
         _stop(procs, grace_s=10.0 if len(results) == world_size else 0.0)
         reports.close()
@@ -187,7 +189,7 @@ def _remove_dir(path: str) -> None:
         time.sleep(0.5)
 
 
-def _collect(procs, reports, timeout_s: float) -> tuple[dict, dict]:
+def _collect(procs, reports, timeout_s: float, failure_grace_s: float) -> tuple[dict, dict]:
     world_size = len(procs)
     deadline = time.monotonic() + timeout_s
     results: dict[int, bytes] = {}
@@ -195,7 +197,7 @@ def _collect(procs, reports, timeout_s: float) -> tuple[dict, dict]:
     first_error_at = None
     while len(results) + len(errors) < world_size:
         now = time.monotonic()
-        if first_error_at is not None and now - first_error_at > _FAILURE_GRACE_S:
+        if first_error_at is not None and now - first_error_at > failure_grace_s:
             break
         if now > deadline:
             missing = sorted(set(range(world_size)) - set(results) - set(errors))

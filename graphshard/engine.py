@@ -16,7 +16,7 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-from graphshard.agreement import AgreementCheck, chain, digest
+from graphshard.agreement import AgreementCheck, digest
 from graphshard.config import Config
 from graphshard.devices import resolve_device
 from graphshard.faults import FaultReporter, StepFault, Watchdog, default_store, describe
@@ -135,7 +135,10 @@ class Engine:
     def _setup_faults(self) -> None:
         cfg = self.config
         self._fault: str | None = None
-        self._slots_digest = 0  # running hash of add_request/remove_request calls
+        # XOR of per-slot hashes of (slot, params) over active slots: updated in O(1) per call,
+        # and equal on two ranks exactly when they hold the same requests (bar collisions).
+        self._slot_hashes = np.zeros(cfg.max_num_slots, dtype=np.int64)
+        self._slots_digest = 0
         multi = self.tp_size > 1
         self.reporter = FaultReporter(default_store(self.group) if multi else None, self.group,
                                       self.tp_rank, self.tp_size)
@@ -159,14 +162,18 @@ class Engine:
                              f"num_logprobs ({self.config.num_logprobs})")
         self.tables.set(slot, params)
         self.checker.active[slot] = True
-        self._slots_digest = chain(self._slots_digest, "add", int(slot), params)
+        self._set_slot_hash(slot, digest(int(slot), params))
 
     def remove_request(self, slot: int) -> None:
         if isinstance(slot, bool) or not isinstance(slot, (int, np.integer)) \
                 or not (0 <= slot < self.config.max_num_slots) or not self.checker.active[slot]:
             raise ValueError(f"slot {slot!r} holds no request")
         self.checker.active[slot] = False
-        self._slots_digest = chain(self._slots_digest, "remove", int(slot))
+        self._set_slot_hash(slot, 0)
+
+    def _set_slot_hash(self, slot: int, h: int) -> None:
+        self._slots_digest ^= int(self._slot_hashes[slot]) ^ h
+        self._slot_hashes[slot] = h
 
     # -- the step functions (what a graph captures) ----------------------------------------------
     def _shard_fn(self, bucket: int, capacity: int):
