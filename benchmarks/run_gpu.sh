@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Every GPU test and the benchmark sweep in one call; results land under $OUT (default ./out).
-# Usage: bash benchmarks/run_gpu.sh [tests|bench|exchange|profile|sweep|all]...   (default: all)
+# Usage: bash benchmarks/run_gpu.sh [tests|reliability|bench|exchange|profile|sweep|all]...
+# (default: all; "tests" runs tests/gpu except the long reliability run, "reliability" runs it)
 # Files: machine.txt, run.log (everything printed), bench.json, exchange.json, gpu_report.jsonl,
 # sweep/sweep.{json,md,png}.
 set -uo pipefail
@@ -19,10 +20,15 @@ status=0
 } > "$OUT/machine.txt" 2>&1
 cat "$OUT/machine.txt"
 # Budgets in seconds (one device call may run 10 minutes in all).
-T_TESTS=${T_TESTS:-300} T_BENCH=${T_BENCH:-90} T_SWEEP=${T_SWEEP:-240} T_PROFILE=${T_PROFILE:-120}
+T_TESTS=${T_TESTS:-300} T_RELIABILITY=${T_RELIABILITY:-420} T_BENCH=${T_BENCH:-90} T_SWEEP=${T_SWEEP:-240} T_PROFILE=${T_PROFILE:-120}
 if want tests; then
   echo "== tests/gpu" | tee -a "$log"
-  timeout "$T_TESTS" python3 -m pytest -q -rs --timeout=150 ${TEST_ARGS:-tests/gpu} 2>&1 | tee -a "$log" || status=1
+  timeout "$T_TESTS" python3 -m pytest -q -rs --timeout=150 ${TEST_ARGS:-tests/gpu --ignore=tests/gpu/test_reliability_gpu.py} 2>&1 | tee -a "$log" || status=1
+fi
+if want reliability; then
+  echo "== tests/gpu/test_reliability_gpu.py (LONG_RUN_STEPS=${LONG_RUN_STEPS:=100000})" | tee -a "$log"
+  LONG_RUN_STEPS=$LONG_RUN_STEPS timeout "$T_RELIABILITY" python3 -m pytest -q -rs -s --timeout=400 \
+    tests/gpu/test_reliability_gpu.py 2>&1 | tee -a "$log" || status=1
 fi
 if want bench; then
   echo "== pytest-benchmark suites" | tee -a "$log"

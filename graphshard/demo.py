@@ -75,6 +75,7 @@ def run_rank(rank: int, world_size: int, cfg: Config, settings: DemoSettings) ->
                           draft_token_ids=drafts, grammar_bitmask=bitmask)
         issued = time.perf_counter()
         tokens = out.sampled_token_ids.cpu()  # the host read a decode loop does every step
+        engine.raise_if_failed()  # never act on the tokens of a step a peer failed
         done = time.perf_counter()
         issue_us.append((issued - start) * 1e6)
         step_us.append((done - start) * 1e6)

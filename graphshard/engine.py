@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import functools
 import logging
-import time
 from dataclasses import dataclass
 
 import numpy as np
@@ -320,6 +319,12 @@ class Engine:
             self._break(f"the agreement check failed: {type(e).__name__}: {e}", e)
 
     # -- faults -----------------------------------------------------------------------------------
+    def raise_if_failed(self) -> None:
+        """Raise `StepFault` if the last step failed (a peer timed out or died). On CUDA a step
+        runs after `step()` returns, so a loop that must never act on a failed step's tokens
+        calls this after reading them: it waits (bounded) for the step and reads a pinned word."""
+        self._check_healthy()
+
     def _check_healthy(self) -> None:
         """Refuse to step after a fault; on CUDA, wait (bounded) for the previous step first."""
         if self._fault is not None:
@@ -362,7 +367,6 @@ class Engine:
         return out
 
     def _choose_key(self, bucket: int | None, idx: np.ndarray, cu: np.ndarray, n: int) -> StepKey:
-        m = self.config.max_num_logits_per_req
         size = bucket if bucket is not None else max(n, 1)
         strategy = self._strategy.get(bucket, self._strategy[self.config.max_bucket]) \
             if bucket is not None else self._strategy[self.config.max_bucket]
