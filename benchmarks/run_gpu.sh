@@ -26,8 +26,9 @@ if want tests; then
   timeout "$T_TESTS" python3 -m pytest -q -rs --timeout=150 ${TEST_ARGS:-tests/gpu --ignore=tests/gpu/test_reliability_gpu.py} 2>&1 | tee -a "$log" || status=1
 fi
 if want reliability; then
-  echo "== tests/gpu/test_reliability_gpu.py (LONG_RUN_STEPS=${LONG_RUN_STEPS:=100000})" | tee -a "$log"
-  LONG_RUN_STEPS=$LONG_RUN_STEPS timeout "$T_RELIABILITY" python3 -m pytest -q -rs -s --timeout=400 \
+  export LONG_RUN_STEPS=${LONG_RUN_STEPS:-100000}
+  echo "== tests/gpu/test_reliability_gpu.py (LONG_RUN_STEPS=$LONG_RUN_STEPS)" | tee -a "$log"
+  timeout "$T_RELIABILITY" python3 -m pytest -q -rs -s --timeout=400 \
     tests/gpu/test_reliability_gpu.py 2>&1 | tee -a "$log" || status=1
 fi
 if want bench; then
