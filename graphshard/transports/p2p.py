@@ -77,10 +77,12 @@ def _arrive(signal_ptrs_ptr, slot, rank, WORLD_SIZE: tl.constexpr, WORLD_POW2: t
 def _await(signal_ptrs_ptr, status_ptr, slot, rank, timeout_ns, MAX_BLOCKS: tl.constexpr,
            WORLD_SIZE: tl.constexpr):
     """Wait for every rank's flag for `slot` on this rank's pad and consume it (acquire). Gives
-    up past `timeout_ns`, or at once after an earlier fault, and records why."""
+    up past `timeout_ns`, or at once after an earlier kernel's fault, and records why. Returns
+    whether every peer arrived: a program that gave up skips its later barriers (measured on
+    H200: a second barrier in the same kernel did not see the first one's status write)."""
     pad = tl.load(signal_ptrs_ptr + rank).to(tl.pointer_type(tl.int32)) + slot * WORLD_SIZE
-    failed = tl.load(status_ptr, volatile=True) != 0
-    if not failed:
+    ok = tl.load(status_ptr, volatile=True) == 0
+    if ok:
         start = _now_ns()
         for peer in tl.static_range(WORLD_SIZE):
             arrived = tl.atomic_cas(pad + peer, 1, 0, sem="acquire", scope="sys") == 1
@@ -90,7 +92,9 @@ def _await(signal_ptrs_ptr, status_ptr, slot, rank, timeout_ns, MAX_BLOCKS: tl.c
                 late = _now_ns() - start > timeout_ns
             if not arrived:
                 _record_fault(status_ptr, slot // MAX_BLOCKS, peer)
+            ok = ok & arrived
     tl.debug_barrier()
+    return ok
 
 
 @triton.jit
@@ -108,7 +112,7 @@ def _record_fault(status_ptr, phase, peer):
 def _sync(signal_ptrs_ptr, status_ptr, slot, rank, timeout_ns, MAX_BLOCKS: tl.constexpr,
           WORLD_SIZE: tl.constexpr, WORLD_POW2: tl.constexpr):
     _arrive(signal_ptrs_ptr, slot, rank, WORLD_SIZE, WORLD_POW2)
-    _await(signal_ptrs_ptr, status_ptr, slot, rank, timeout_ns, MAX_BLOCKS, WORLD_SIZE)
+    return _await(signal_ptrs_ptr, status_ptr, slot, rank, timeout_ns, MAX_BLOCKS, WORLD_SIZE)
 
 
 @triton.jit(do_not_specialize=["num_rows", "timeout_ns"])
@@ -133,8 +137,8 @@ def _push_rows_kernel(
 ):
     pid = tl.program_id(0)
     num_programs = tl.num_programs(0)
-    _sync(signal_ptrs_ptr, status_ptr, CHANNEL * MAX_BLOCKS + pid, rank, timeout_ns, MAX_BLOCKS,
-          WORLD_SIZE, WORLD_POW2)
+    ok = _sync(signal_ptrs_ptr, status_ptr, CHANNEL * MAX_BLOCKS + pid, rank, timeout_ns,
+               MAX_BLOCKS, WORLD_SIZE, WORLD_POW2)
 
     num_chunks = (VOCAB_SHARD + BLOCK - 1) // BLOCK
     peers = tl.arange(0, WORLD_POW2)
@@ -167,8 +171,9 @@ def _push_rows_kernel(
                  mask=mask)
         item += num_programs
 
-    _sync(signal_ptrs_ptr, status_ptr, (CHANNEL + 1) * MAX_BLOCKS + pid, rank, timeout_ns,
-          MAX_BLOCKS, WORLD_SIZE, WORLD_POW2)
+    if ok:
+        _sync(signal_ptrs_ptr, status_ptr, (CHANNEL + 1) * MAX_BLOCKS + pid, rank, timeout_ns,
+              MAX_BLOCKS, WORLD_SIZE, WORLD_POW2)
 
 
 @triton.jit(do_not_specialize=["timeout_ns"])
@@ -193,9 +198,10 @@ def _push_records_kernel(
 ):
     pid = tl.program_id(0)
     num_programs = tl.num_programs(0)
+    ok = True
     if FENCE_BEFORE:
-        _sync(signal_ptrs_ptr, status_ptr, CHANNEL * MAX_BLOCKS + pid, rank, timeout_ns, MAX_BLOCKS,
-          WORLD_SIZE, WORLD_POW2)
+        ok = _sync(signal_ptrs_ptr, status_ptr, CHANNEL * MAX_BLOCKS + pid, rank, timeout_ns,
+                   MAX_BLOCKS, WORLD_SIZE, WORLD_POW2)
 
     num_local = tl.load(local_num_reqs_ptr)
     num_tiles = (num_local + REQ_TILE - 1) // REQ_TILE
@@ -214,18 +220,19 @@ def _push_records_kernel(
         tl.store(dst + batch_rows.to(tl.int64)[:, None] * WIDTH + cols[None, :], vals, mask=mask)
         item += num_programs
 
-    _sync(signal_ptrs_ptr, status_ptr, (CHANNEL + 1) * MAX_BLOCKS + pid, rank, timeout_ns,
-          MAX_BLOCKS, WORLD_SIZE, WORLD_POW2)
+    if ok:
+        _sync(signal_ptrs_ptr, status_ptr, (CHANNEL + 1) * MAX_BLOCKS + pid, rank, timeout_ns,
+              MAX_BLOCKS, WORLD_SIZE, WORLD_POW2)
 
 
 @triton.jit(do_not_specialize=["timeout_ns"])
 def _barrier_kernel(signal_ptrs_ptr, status_ptr, rank, timeout_ns, WORLD_SIZE: tl.constexpr,
                     WORLD_POW2: tl.constexpr, MAX_BLOCKS: tl.constexpr, CHANNEL: tl.constexpr):
     # Two phases, so a fast rank cannot re-raise a flag its peer has not consumed yet.
-    _sync(signal_ptrs_ptr, status_ptr, CHANNEL * MAX_BLOCKS, rank, timeout_ns, MAX_BLOCKS,
-          WORLD_SIZE, WORLD_POW2)
-    _sync(signal_ptrs_ptr, status_ptr, (CHANNEL + 1) * MAX_BLOCKS, rank, timeout_ns, MAX_BLOCKS,
-          WORLD_SIZE, WORLD_POW2)
+    if _sync(signal_ptrs_ptr, status_ptr, CHANNEL * MAX_BLOCKS, rank, timeout_ns, MAX_BLOCKS,
+             WORLD_SIZE, WORLD_POW2):
+        _sync(signal_ptrs_ptr, status_ptr, (CHANNEL + 1) * MAX_BLOCKS, rank, timeout_ns,
+              MAX_BLOCKS, WORLD_SIZE, WORLD_POW2)
 
 
 # -- peer memory --------------------------------------------------------------------------------

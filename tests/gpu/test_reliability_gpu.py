@@ -49,6 +49,8 @@ def _until_death(rank, world, cfg, outdir):
             died_at = time.monotonic()
         try:
             engine.step(idx, cu, lens, shard).sampled_token_ids.cpu()  # the decode loop's read
+            if step == 5:
+                record["read_returned"] = time.monotonic() - died_at
             engine.raise_if_failed()  # before acting on the tokens
         except StepFault as e:
             record.update(step=step, elapsed=time.monotonic() - died_at, message=str(e))
@@ -87,7 +89,7 @@ def _long_run(rank, world, cfg, steps, check_every):
     active: set[int] = set()
     step_s = np.zeros(steps)
     checked = mismatches = 0
-    memory = []
+    memory, want = [], None
     for i in range(steps):
         for slot in rng.choice(cfg.max_num_slots, 4, replace=False).tolist():  # churn
             if slot in active and rng.random() < 0.5:
@@ -114,6 +116,8 @@ def _long_run(rank, world, cfg, steps, check_every):
             checked += 1
             mismatches += compare(out, want) is not None or not torch.equal(tokens, want.sampled_token_ids.cpu())
         if (i + 1) % (steps // 10) == 0:
+            del full, out, tokens  # only what the engine holds is left
+            want = None
             torch.cuda.synchronize()
             memory.append((i + 1, torch.cuda.memory_allocated(), torch.cuda.memory_reserved(),
                            _rss_bytes()))
@@ -142,8 +146,10 @@ def test_long_run_equal_to_the_oracle_with_flat_memory_and_time():
         assert last[1] == first[1], r["memory"]  # GPU tensors: not a byte more
         assert last[2] - first[2] <= 8 << 20, r["memory"]  # allocator cache: no creep
         assert last[3] - first[3] < 64 << 20, r["memory"]  # host: allocator noise only
+        # Window p50s move by +-30% with machine noise (seen: 198-335 us, in no order); a
+        # slowdown would show as the later half running slower than the earlier half.
         windows = r["window_p50_us"]
-        assert max(windows[1:]) <= 1.25 * min(windows[1:]), windows  # no drift after warm-up
+        assert np.median(windows[5:]) <= 1.3 * np.median(windows[1:5]), windows
 
 
 def _agreement_cost(rank, world, cfg, steps):
@@ -171,3 +177,36 @@ def test_agreement_check_cost_is_measured():
     _report("agreement_cost", {"batch": 32, "vocab": 152064, "step_p50_us_off": off[0],
                                "step_p50_us_on": on[0], "added_us": on[0] - off[0]})
     print(f"check_agreement: step p50 {off[0]:.1f} us off, {on[0]:.1f} us on")
+
+
+def _lonely_p2p(rank, world, timeout_s):
+    """Rank 1 sets up and then never launches a kernel again: how long each of rank 0's kernels
+    waits, and what the status word says."""
+    from graphshard.transports import make_transport
+
+    transport = make_transport("p2p", None, torch.device("cuda", rank), timeout_s=timeout_s)
+    transport.setup(max_num_rows=4, max_num_reqs=4, vocab_shard=4096, logits_dtype=torch.float32,
+                    record_width=8)
+    torch.distributed.barrier()
+    if rank == 1:
+        time.sleep(3 * timeout_s + 5)
+        return None
+    logits = torch.randn(4, 4096, device="cuda")
+    timings = {}
+    for name, launch in (("first push", lambda: transport.all_gather_vocab(logits, None, 4)),
+                         ("second push", lambda: transport.all_gather_vocab(logits, None, 4)),
+                         ("barrier", transport.barrier)):
+        start = time.monotonic()
+        launch()
+        torch.cuda.synchronize()
+        timings[name] = time.monotonic() - start
+    return timings, transport.fault(), transport.num_blocks
+
+
+def test_p2p_kernels_give_up_after_the_timeout_then_at_once():
+    timings, fault, blocks = spawn(_lonely_p2p, 2, 2.0, backend="nccl", timeout_s=120)[0]
+    print(timings, fault, blocks)
+    _report("p2p_give_up", {"timings_s": timings, "fault": fault, "num_blocks": blocks})
+    assert fault == "p2p row push start barrier on rank 0 gave up after 2 s waiting for rank 1"
+    assert 2.0 <= timings["first push"] <= 3.0, timings
+    assert timings["second push"] < 0.5 and timings["barrier"] < 0.5, timings
