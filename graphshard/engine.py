@@ -270,15 +270,16 @@ class Engine:
         try:
             idx, cu, lens = self.checker.check(idx_mapping, cu_num_logits, seq_lens)
             n, num_logits = idx.shape[0], int(cu[-1])
+            # Replicated checks first: a rank's own tensor error must not hide them.
+            bucket = self.graphs.bucket_for(n) if self.captured else None
+            if self.captured and bucket is None:
+                self.graphs.check_fits(n)
             local_error = self._tensor_error(logits, draft_token_ids, grammar_bitmask, num_logits)
             if self.agreement is not None:
                 batch = digest(idx, cu, lens, draft_token_ids is not None, grammar_bitmask is not None)
                 self._agree(batch, local_error)
             elif local_error is not None:
                 raise local_error
-            bucket = self.graphs.bucket_for(n) if self.captured else None
-            if self.captured and bucket is None:
-                self.graphs.check_fits(n)
         except (InvalidBatchError, TypeError) as e:
             if self.tp_size > 1:  # peers that went on into the step can then name the cause
                 self.reporter.report(f"step {self.steps} refused: {type(e).__name__}: {e}")
@@ -286,10 +287,11 @@ class Engine:
         key = self._choose_key(bucket, idx, cu, n)
 
         self.inputs.write_meta(idx, cu, lens, bitmask_on=grammar_bitmask is not None)
-        self.inputs.write_logits(logits, num_logits)
-        if self.config.max_num_logits_per_req > 1:
-            self.inputs.write_drafts(draft_token_ids, num_logits)
-        self.inputs.write_bitmask(grammar_bitmask, num_logits)
+        with torch.no_grad():  # a grad-tracking shard must not give the static buffers a history
+            self.inputs.write_logits(logits, num_logits)
+            if self.config.max_num_logits_per_req > 1:
+                self.inputs.write_drafts(draft_token_ids, num_logits)
+            self.inputs.write_bitmask(grammar_bitmask, num_logits)
         try:
             if bucket is not None:
                 self.graphs.replay(key.as_key())
@@ -303,6 +305,8 @@ class Engine:
         finally:
             self.inputs.mark_issued()  # even a failed step may have queued its fetch
         self.steps += 1
+        if self.reporter.pending:
+            self.reporter.clear()  # an earlier refusal was every rank's: the group went on
         done = self.inputs.issued_event()
         if done is not None and self.watchdog is not None:
             self.watchdog.watch(self.steps - 1, done)
@@ -401,10 +405,12 @@ class Engine:
             raise InvalidBatchError(f"logits is on {logits.device}, the engine runs on {self.device}")
         if logits.stride(-1) != 1:
             raise InvalidBatchError("logits rows must be contiguous (last-dim stride 1)")
+        _check_not_misplaced("logits", logits, self.inputs.logits)
         if drafts is not None:
             if self.config.max_num_logits_per_req == 1:
                 raise InvalidBatchError("draft_token_ids given but max_num_logits_per_req is 1")
             _check_int32_input("draft_token_ids", drafts, (num_logits,), self.device)
+            _check_not_misplaced("draft_token_ids", drafts, self.inputs.draft_token_ids)
         if bitmask is not None:
             # DESIGN sizes it by the padded vocabulary; a width covering the real one is accepted.
             words = self.inputs.grammar_bitmask.shape[1]
@@ -412,6 +418,7 @@ class Engine:
             width = bitmask.shape[-1] if isinstance(bitmask, torch.Tensor) and bitmask.dim() == 2 else words
             _check_int32_input("grammar_bitmask", bitmask,
                                (num_logits, width if width in (words, real_words) else words), self.device)
+            _check_not_misplaced("grammar_bitmask", bitmask, self.inputs.grammar_bitmask)
 
     # -- reporting --------------------------------------------------------------------------------
     def stats(self) -> dict:
@@ -422,6 +429,16 @@ class Engine:
                 "strategy": dict(self._strategy),
                 "transport": self.transport.name if self.transport is not None else "none",
                 "graph_backend": getattr(self.backend, "name", type(self.backend).__name__)}
+
+
+def _check_not_misplaced(name: str, value: torch.Tensor, static: torch.Tensor) -> None:
+    """A tensor inside a static input buffer must be that buffer's leading rows (the zero-copy
+    path); any other view would be copied onto itself."""
+    if value.numel() == 0 or value.untyped_storage().data_ptr() != static.untyped_storage().data_ptr():
+        return
+    if value.data_ptr() != static.data_ptr() or value.stride() != static[: value.shape[0]].stride():
+        raise InvalidBatchError(f"{name} is a view into the engine's static {name} buffer other "
+                                f"than its leading rows; pass engine.inputs' buffer[:num_logits]")
 
 
 def _check_int32_input(name: str, value, shape: tuple, device: torch.device) -> None:

@@ -52,6 +52,7 @@ class FaultReporter:
 
     def __init__(self, store, group: dist.ProcessGroup | None, rank: int, world_size: int):
         self.store, self.rank, self.world_size = store, rank, world_size
+        self.pending = False  # a report is in the store
         self._prefix = None
         if store is not None:
             name = group.group_name if group is not None else "local"
@@ -66,8 +67,15 @@ class FaultReporter:
             return
         try:
             self.store.set(f"{self._prefix}/{self.rank}", message)
+            self.pending = bool(message)
         except Exception as e:  # noqa: BLE001 - the store may be gone with its host rank
             logger.warning("could not report the fault to peers: %s", e)
+
+    def clear(self) -> None:
+        """Withdraw a report (a refused step every rank refused), so a later fault elsewhere is
+        not blamed on it. Costs one store write, only after a report."""
+        if self.pending:
+            self.report("")
 
     def peer_reports(self) -> dict[int, str]:
         """What the other ranks reported (ranks that reported nothing are absent)."""
@@ -78,7 +86,9 @@ class FaultReporter:
             key = f"{self._prefix}/{r}"
             try:
                 if r != self.rank and self.store.check([key]):
-                    out[r] = self.store.get(key).decode(errors="replace")
+                    message = self.store.get(key).decode(errors="replace")
+                    if message:
+                        out[r] = message
             except Exception:  # noqa: BLE001 - a store that died with its host has nothing to say
                 break
         return out

@@ -47,7 +47,8 @@ def to_host_int32(name: str, value) -> np.ndarray:
     try:
         arr = np.asarray(value)
     except (TypeError, ValueError) as e:  # ragged nested lists, objects NumPy cannot convert
-        raise InvalidBatchError(f"{name} must be a 1-D integer array, got {type(value).__name__}: {e}") from None
+        raise InvalidBatchError(
+            f"{name} must be a 1-D integer array, got {type(value).__name__}: {e}") from None
     if arr.ndim != 1:
         raise InvalidBatchError(f"{name} must be 1-D (an integer array, list or CPU tensor), got "
                                 f"{type(value).__name__} of shape {arr.shape}")
@@ -90,10 +91,11 @@ class BatchChecker:
         if n == 0:
             return idx, cu, lens
         # From cu[0] = 0, legal steps keep every entry small, so int32 differences cannot wrap
-        # before the first illegal step is seen.
+        # before the first illegal step; that one may wrap, but only to a value near 2**31, which
+        # is still caught. The message recomputes the counts exactly.
         counts = cu[1:] - cu[:-1]
         if counts.min() < 1 or counts.max() > lim.max_num_logits_per_req:
-            self._raise_counts(counts)
+            self._raise_counts(cu)
         # Negative slots turn huge as uint32: one comparison checks both ends.
         if idx.view(np.uint32).max() >= lim.max_num_slots:
             bad = idx[(idx < 0) | (idx >= lim.max_num_slots)][0]
@@ -112,9 +114,10 @@ class BatchChecker:
             raise InvalidBatchError(f"seq_lens must be >= 0, got {lens.min()}")
         return idx, cu, lens
 
-    def _raise_counts(self, counts: np.ndarray):
-        # Name the first bad request: its count is exact, while counts after it may have wrapped
-        # around int32 and would name the wrong request or the wrong mistake.
+    def _raise_counts(self, cu: np.ndarray):
+        # The first bad request, with its exact (int64) count: a later one is often only the
+        # echo of an earlier mistake.
+        counts = np.diff(cu.astype(np.int64))
         i = int(np.flatnonzero((counts < 1) | (counts > self.limits.max_num_logits_per_req))[0])
         if counts[i] < 1:
             raise InvalidBatchError(

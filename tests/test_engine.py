@@ -37,6 +37,15 @@ def test_sharded_steps_equal_the_oracle(tp, steps, strategy, seed):
     assert used == set(cfg.buckets)  # every bucket replayed
 
 
+@pytest.mark.parametrize("tp, transport", [(4, "gloo"), (8, "gloo"), (4, "p2p")])
+def test_wide_groups_equal_the_oracle(tp, transport):
+    """tp 4 and 8: more owners than requests in small batches (empty shards on most ranks)."""
+    cfg = SMALL.replace(transport=transport, buckets=(2, 8), max_num_reqs=10)
+    results = spawn(_decode_loop, tp, cfg, 12, 3, timeout_s=900)
+    assert all(r["steps"] == 12 and r["transport"] == transport for r in results)
+    assert sum(r["verified"] for r in results) == 12
+
+
 def _auto_strategy(rank, world, cfg):
     engine = Engine(cfg)
     engine.capture()

@@ -15,7 +15,7 @@ from graphshard.agreement import RankDivergenceError
 from graphshard.config import Config
 from graphshard.distributed import spawn
 from graphshard.engine import Engine
-from graphshard.faults import StepFault
+from graphshard.faults import StepFault, Watchdog
 from graphshard.params import SamplingParams
 from graphshard.validate import InvalidBatchError
 
@@ -180,3 +180,48 @@ def test_config_checks_the_fault_fields():
 
 def test_rank_divergence_error_is_an_invalid_batch():
     assert issubclass(RankDivergenceError, InvalidBatchError)
+
+
+class _Event:
+    def __init__(self, done: bool):
+        self.done = done
+
+    def query(self) -> bool:
+        return self.done
+
+
+class _Group:
+    """Stands in for an NCCL group: records the abort the watchdog must send."""
+
+    def __init__(self):
+        self.aborts = 0
+
+    def _get_backend(self, device):
+        assert device.type == "cuda"
+        return self
+
+    def abort(self):
+        self.aborts += 1
+
+
+def test_watchdog_aborts_the_group_once_when_a_step_overruns():
+    group = _Group()
+    watchdog = Watchdog(group, limit_s=0.4)
+    watchdog.watch(7, _Event(done=False))
+    time.sleep(1.0)  # the thread's own check, with no caller waiting
+    assert watchdog.fault == "step 7 did not finish within 0.4 s of its issue"
+    assert group.aborts == 1
+    assert watchdog.wait() == watchdog.fault and group.aborts == 1
+    watchdog.close()
+
+
+def test_watchdog_passes_finished_steps_and_bounds_the_callers_wait():
+    group = _Group()
+    watchdog = Watchdog(group, limit_s=0.5)
+    watchdog.watch(1, _Event(done=True))
+    assert watchdog.wait() is None
+    watchdog.watch(2, _Event(done=False))
+    start = time.monotonic()
+    assert watchdog.wait() == "step 2 did not finish within 0.5 s of its issue"
+    assert time.monotonic() - start < 1.5 and group.aborts == 1
+    watchdog.close()

@@ -21,7 +21,7 @@ from graphshard.transports import (P2PTransport, PaddedTransport, doubling_tiers
 MAX_REQS = 10
 MAX_M = 3  # logits rows per request
 MAX_ROWS = MAX_REQS * MAX_M
-MAX_SLOTS = 64
+MAX_SLOTS = 128  # one owner of 8 still holds MAX_REQS slots
 VOCAB_SHARD = 5
 WIDTH = 4  # record width
 
@@ -136,7 +136,7 @@ def check_transports(rank: int, tp: int, configs):
 
 # -- spawned checks ----------------------------------------------------------------------------
 def configs_for(kind: str, tp: int) -> list[tuple]:
-    num_cases = {"gloo": {1: 8, 2: 40, 3: 30}, "p2p": {1: 4, 2: 24, 3: 12}}[kind][tp]
+    num_cases = {"gloo": {1: 8, 2: 40, 3: 30, 4: 12, 8: 6}, "p2p": {1: 4, 2: 24, 3: 12, 4: 6}}[kind][tp]
     configs = [(kind, torch.float32, 1234 + tp, num_cases, VOCAB_SHARD)]
     if tp == 2:
         configs.append((kind, torch.bfloat16, 77, 8, VOCAB_SHARD))
@@ -145,7 +145,7 @@ def configs_for(kind: str, tp: int) -> list[tuple]:
     return configs
 
 
-@pytest.mark.parametrize("tp", [1, 2, 3])
+@pytest.mark.parametrize("tp", [1, 2, 3, 4, 8])
 def test_gloo_transport(tp):
     configs = configs_for("gloo", tp)
     results = spawn(check_transports, tp, configs, timeout_s=180)
@@ -153,7 +153,7 @@ def test_gloo_transport(tp):
 
 
 @needs_interpreter
-@pytest.mark.parametrize("tp", [1, 2, 3])
+@pytest.mark.parametrize("tp", [1, 2, 3, 4])
 def test_p2p_transport_interpreted(tp):
     configs = configs_for("p2p", tp)
     results = spawn(check_transports, tp, configs, timeout_s=300)
