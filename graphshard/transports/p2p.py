@@ -74,22 +74,26 @@ def _arrive(signal_ptrs_ptr, slot, rank, WORLD_SIZE: tl.constexpr, WORLD_POW2: t
 
 
 @triton.jit
-def _await(signal_ptrs_ptr, status_ptr, slot, rank, timeout_ns, MAX_BLOCKS: tl.constexpr,
+def _await(signal_ptrs_ptr, status_ptr, healthy, slot, rank, timeout_ns, MAX_BLOCKS: tl.constexpr,
            WORLD_SIZE: tl.constexpr):
     """Wait for every rank's flag for `slot` on this rank's pad and consume it (acquire). Gives
-    up past `timeout_ns`, or at once after an earlier kernel's fault, and records why. Returns
-    whether every peer arrived: a program that gave up skips its later barriers (measured on
-    H200: a second barrier in the same kernel did not see the first one's status write)."""
+    up past `timeout_ns`, or at once when an earlier kernel faulted (`healthy` is false), and
+    records why. Returns whether every peer arrived: a program that gave up skips its later
+    barriers (measured on H200: a second barrier in the same kernel did not see the first one's
+    status write)."""
     pad = tl.load(signal_ptrs_ptr + rank).to(tl.pointer_type(tl.int32)) + slot * WORLD_SIZE
-    ok = tl.load(status_ptr, volatile=True) == 0
+    ok = healthy
     if ok:
         start = _now_ns()
         for peer in tl.static_range(WORLD_SIZE):
             arrived = tl.atomic_cas(pad + peer, 1, 0, sem="acquire", scope="sys") == 1
             late = False
+            spins = 0
             while not (arrived | late):
                 arrived = tl.atomic_cas(pad + peer, 1, 0, sem="acquire", scope="sys") == 1
-                late = _now_ns() - start > timeout_ns
+                spins += 1
+                if spins % 64 == 0:  # the clock read stays off the common, short waits
+                    late = _now_ns() - start > timeout_ns
             if not arrived:
                 _record_fault(status_ptr, slot // MAX_BLOCKS, peer)
             ok = ok & arrived
@@ -111,8 +115,11 @@ def _record_fault(status_ptr, phase, peer):
 @triton.jit
 def _sync(signal_ptrs_ptr, status_ptr, slot, rank, timeout_ns, MAX_BLOCKS: tl.constexpr,
           WORLD_SIZE: tl.constexpr, WORLD_POW2: tl.constexpr):
+    # Loaded before the arrive, so its latency overlaps the flag stores.
+    healthy = tl.load(status_ptr, volatile=True) == 0
     _arrive(signal_ptrs_ptr, slot, rank, WORLD_SIZE, WORLD_POW2)
-    return _await(signal_ptrs_ptr, status_ptr, slot, rank, timeout_ns, MAX_BLOCKS, WORLD_SIZE)
+    return _await(signal_ptrs_ptr, status_ptr, healthy, slot, rank, timeout_ns, MAX_BLOCKS,
+                  WORLD_SIZE)
 
 
 @triton.jit(do_not_specialize=["num_rows", "timeout_ns"])
