@@ -33,6 +33,26 @@ def digest(*parts) -> int:
     return int.from_bytes(h.digest(), "little") >> 1
 
 
+class SlotDigest:
+    """XOR of per-slot hashes of (slot, params) over the active slots: O(1) per change, and equal
+    on two ranks exactly when they hold the same requests with the same parameters (bar
+    collisions), whatever order the calls came in."""
+
+    def __init__(self, max_num_slots: int):
+        self._hashes = np.zeros(max_num_slots, dtype=np.int64)
+        self.value = 0
+
+    def set(self, slot: int, params) -> None:
+        self._replace(slot, digest(int(slot), params))
+
+    def remove(self, slot: int) -> None:
+        self._replace(slot, 0)
+
+    def _replace(self, slot: int, h: int) -> None:
+        self.value ^= int(self._hashes[slot]) ^ h
+        self._hashes[slot] = h
+
+
 class AgreementCheck:
     """One all-gather per step; raises the same error on every rank when anything differs."""
 

@@ -15,10 +15,10 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-from graphshard.agreement import AgreementCheck, digest
+from graphshard.agreement import AgreementCheck, SlotDigest, digest
 from graphshard.config import Config
 from graphshard.devices import resolve_device
-from graphshard.faults import FaultReporter, StepFault, Watchdog, default_store, describe
+from graphshard.faults import FaultGuard
 from graphshard.graphs import GraphManager, make_backend
 from graphshard.inputs import StepInputs
 from graphshard.params import SamplingParams, SlotTables
@@ -96,7 +96,8 @@ class Engine:
         n, m = cfg.max_num_reqs, cfg.max_num_logits_per_req
         self.tables = SlotTables(cfg.max_num_slots, dev)
         self.inputs = StepInputs(max_num_reqs=n, max_num_logits_per_req=m, vocab_shard=self.vocab_shard,
-                                 bitmask_words=-(-self.vocab // 32), logits_dtype=self.dtype, device=dev)
+                                 bitmask_words=-(-self.vocab // 32), logits_dtype=self.dtype, device=dev,
+                                 real_bitmask_words=-(-cfg.vocab_size // 32))
         self.plan_buffers = PlanBuffers.allocate(n, m, self.tp_size, dev)
         self.local_records = torch.zeros(n, self.layout.width, dtype=torch.int32, device=dev)
         # One workspace serves every graph: steps run one after another on one stream.
@@ -132,18 +133,10 @@ class Engine:
             self.backend.register_static_buffers(statics)
 
     def _setup_faults(self) -> None:
-        cfg = self.config
-        self._fault: str | None = None
-        # XOR of per-slot hashes of (slot, params) over active slots: updated in O(1) per call,
-        # and equal on two ranks exactly when they hold the same requests (bar collisions).
-        self._slot_hashes = np.zeros(cfg.max_num_slots, dtype=np.int64)
-        self._slots_digest = 0
-        multi = self.tp_size > 1
-        self.reporter = FaultReporter(default_store(self.group) if multi else None, self.group,
-                                      self.tp_rank, self.tp_size)
-        # Only CUDA steps run asynchronously; elsewhere every wait is bounded inside the step.
-        self.watchdog = Watchdog(self.group, 2 * cfg.timeout_s) \
-            if multi and self.device.type == "cuda" else None
+        cfg, multi = self.config, self.tp_size > 1
+        self.faults = FaultGuard(group=self.group, rank=self.tp_rank, world_size=self.tp_size,
+                                 device=self.device, timeout_s=cfg.timeout_s, transport=self.transport)
+        self.slot_digest = SlotDigest(cfg.max_num_slots)
         self.agreement = AgreementCheck(self.group, self.tp_rank, self.tp_size, self.device,
                                         cfg.timeout_s) if multi and cfg.check_agreement else None
 
@@ -161,18 +154,14 @@ class Engine:
                              f"num_logprobs ({self.config.num_logprobs})")
         self.tables.set(slot, params)
         self.checker.active[slot] = True
-        self._set_slot_hash(slot, digest(int(slot), params))
+        self.slot_digest.set(slot, params)
 
     def remove_request(self, slot: int) -> None:
         if isinstance(slot, bool) or not isinstance(slot, (int, np.integer)) \
                 or not (0 <= slot < self.config.max_num_slots) or not self.checker.active[slot]:
             raise ValueError(f"slot {slot!r} holds no request")
         self.checker.active[slot] = False
-        self._set_slot_hash(slot, 0)
-
-    def _set_slot_hash(self, slot: int, h: int) -> None:
-        self._slots_digest ^= int(self._slot_hashes[slot]) ^ h
-        self._slot_hashes[slot] = h
+        self.slot_digest.remove(slot)
 
     # -- the step functions (what a graph captures) ----------------------------------------------
     def _shard_fn(self, bucket: int, capacity: int):
@@ -266,7 +255,7 @@ class Engine:
         A peer that dies or stops stepping makes this raise `StepFault` within `timeout_s`
         (2 x `timeout_s` for a CUDA step), after which the engine refuses every step.
         """
-        self._check_healthy()
+        self.faults.check(self.steps - 1, self.inputs.issued_event())
         try:
             idx, cu, lens = self.checker.check(idx_mapping, cu_num_logits, seq_lens)
             n, num_logits = idx.shape[0], int(cu[-1])
@@ -274,15 +263,15 @@ class Engine:
             bucket = self.graphs.bucket_for(n) if self.captured else None
             if self.captured and bucket is None:
                 self.graphs.check_fits(n)
-            local_error = self._tensor_error(logits, draft_token_ids, grammar_bitmask, num_logits)
+            local_error = self.inputs.tensor_error(logits, draft_token_ids, grammar_bitmask, num_logits)
             if self.agreement is not None:
                 batch = digest(idx, cu, lens, draft_token_ids is not None, grammar_bitmask is not None)
                 self._agree(batch, local_error)
             elif local_error is not None:
                 raise local_error
         except (InvalidBatchError, TypeError) as e:
-            if self.tp_size > 1:  # peers that went on into the step can then name the cause
-                self.reporter.report(f"step {self.steps} refused: {type(e).__name__}: {e}")
+            if self.tp_size > 1:
+                self.faults.refused(self.steps, e)
             raise
         key = self._choose_key(bucket, idx, cu, n)
 
@@ -301,67 +290,36 @@ class Engine:
                 self.eager_steps += 1
                 self._step_fn(key)()
         except Exception as e:
-            self._break(f"{type(e).__name__}: {e}", e)
+            self.faults.fail(self.steps, f"{type(e).__name__}: {e}", e)
         finally:
             self.inputs.mark_issued()  # even a failed step may have queued its fetch
         self.steps += 1
-        if self.reporter.pending:
-            self.reporter.clear()  # an earlier refusal was every rank's: the group went on
-        done = self.inputs.issued_event()
-        if done is not None and self.watchdog is not None:
-            self.watchdog.watch(self.steps - 1, done)
-        elif done is None:
-            self._check_transport()  # the step ran synchronously: its barriers are done
+        self.faults.issued(self.steps - 1, self.inputs.issued_event())
         return self._outputs(n)
 
     def _agree(self, batch: int, local_error: Exception | None) -> None:
         try:
-            self.agreement.check(self.steps, batch, self._slots_digest, local_error)
+            self.agreement.check(self.steps, batch, self.slot_digest.value, local_error)
         except (InvalidBatchError, TypeError):
             raise
         except Exception as e:  # the collective itself failed: a peer is gone
-            self._break(f"the agreement check failed: {type(e).__name__}: {e}", e)
+            self.faults.fail(self.steps, f"the agreement check failed: {type(e).__name__}: {e}", e)
 
     # -- faults -----------------------------------------------------------------------------------
     def raise_if_failed(self) -> None:
         """Raise `StepFault` if the last step failed (a peer timed out or died). On CUDA a step
         runs after `step()` returns, so a loop that must never act on a failed step's tokens
         calls this after reading them: it waits (bounded) for the step and reads a pinned word."""
-        self._check_healthy()
-
-    def _check_healthy(self) -> None:
-        """Refuse to step after a fault; on CUDA, wait (bounded) for the previous step first."""
-        if self._fault is not None:
-            raise StepFault(f"the engine is broken by an earlier fault: {self._fault}")
-        if self.watchdog is not None and self.inputs.issued_event() is not None:
-            fault = self.watchdog.wait()
-            if fault is not None:
-                self._break(fault)
-            self._check_transport()
-
-    def _check_transport(self) -> None:
-        fault = self.transport.fault() if self.transport is not None else None
-        if fault is not None:
-            self._break(fault)
-
-    def _break(self, what: str, cause: BaseException | None = None):
-        """Record the fault, tell the peers and raise it; every later step raises it too."""
-        step = max(self.steps - 1, 0) if cause is None else self.steps
-        self.reporter.report(f"step {step} failed: {what}")
-        self._fault = describe(f"step {step} failed on rank {self.tp_rank}: {what}",
-                               self.reporter.peer_reports())
-        raise StepFault(self._fault) from cause
+        self.faults.check(self.steps - 1, self.inputs.issued_event())
 
     def fail(self, reason: str) -> None:
         """Give up on this rank (its own error, say): the peers' next steps fail within the
         timeout naming `reason`, and this engine refuses every later step."""
-        self.reporter.report(f"rank {self.tp_rank} gave up: {reason}")
-        self._fault = f"this rank gave up: {reason}"
+        self.faults.give_up(reason)
 
     def close(self) -> None:
         """Stop the watchdog thread (the engine's buffers go with the object)."""
-        if self.watchdog is not None:
-            self.watchdog.close()
+        self.faults.close()
 
     def _outputs(self, n: int) -> SamplerOutput:
         """Views of the first n records, built once per n (views cost host time every step)."""
@@ -385,41 +343,6 @@ class Engine:
             return StepKey(size, SHARD, max(1, max_rows))
         return StepKey(size, SHARD, pick_tier(tiers, max_rows))
 
-    def _tensor_error(self, logits, drafts, bitmask, num_logits: int) -> Exception | None:
-        """This rank's tensors checked: the error to raise, or None."""
-        try:
-            self._check_tensors(logits, drafts, bitmask, num_logits)
-        except (InvalidBatchError, TypeError) as e:
-            return e
-        return None
-
-    def _check_tensors(self, logits, drafts, bitmask, num_logits: int) -> None:
-        if not isinstance(logits, torch.Tensor):
-            raise TypeError(f"logits must be a torch.Tensor, got {type(logits).__name__}")
-        if logits.dim() != 2 or logits.shape != (num_logits, self.vocab_shard):
-            raise InvalidBatchError(f"logits must be [{num_logits}, {self.vocab_shard}] (rows x this "
-                                    f"rank's vocab shard), got {tuple(logits.shape)}")
-        if logits.dtype != self.dtype:
-            raise TypeError(f"logits must be {self.dtype} (config logits_dtype), got {logits.dtype}")
-        if logits.device != self.device:
-            raise InvalidBatchError(f"logits is on {logits.device}, the engine runs on {self.device}")
-        if logits.stride(-1) != 1:
-            raise InvalidBatchError("logits rows must be contiguous (last-dim stride 1)")
-        _check_not_misplaced("logits", logits, self.inputs.logits)
-        if drafts is not None:
-            if self.config.max_num_logits_per_req == 1:
-                raise InvalidBatchError("draft_token_ids given but max_num_logits_per_req is 1")
-            _check_int32_input("draft_token_ids", drafts, (num_logits,), self.device)
-            _check_not_misplaced("draft_token_ids", drafts, self.inputs.draft_token_ids)
-        if bitmask is not None:
-            # DESIGN sizes it by the padded vocabulary; a width covering the real one is accepted.
-            words = self.inputs.grammar_bitmask.shape[1]
-            real_words = -(-self.config.vocab_size // 32)
-            width = bitmask.shape[-1] if isinstance(bitmask, torch.Tensor) and bitmask.dim() == 2 else words
-            _check_int32_input("grammar_bitmask", bitmask,
-                               (num_logits, width if width in (words, real_words) else words), self.device)
-            _check_not_misplaced("grammar_bitmask", bitmask, self.inputs.grammar_bitmask)
-
     # -- reporting --------------------------------------------------------------------------------
     def stats(self) -> dict:
         s = self.graphs.stats()
@@ -430,23 +353,3 @@ class Engine:
                 "transport": self.transport.name if self.transport is not None else "none",
                 "graph_backend": getattr(self.backend, "name", type(self.backend).__name__)}
 
-
-def _check_not_misplaced(name: str, value: torch.Tensor, static: torch.Tensor) -> None:
-    """A tensor inside a static input buffer must be that buffer's leading rows (the zero-copy
-    path); any other view would be copied onto itself."""
-    if value.numel() == 0 or value.untyped_storage().data_ptr() != static.untyped_storage().data_ptr():
-        return
-    if value.data_ptr() != static.data_ptr() or value.stride() != static[: value.shape[0]].stride():
-        raise InvalidBatchError(f"{name} is a view into the engine's static {name} buffer other "
-                                f"than its leading rows; pass engine.inputs' buffer[:num_logits]")
-
-
-def _check_int32_input(name: str, value, shape: tuple, device: torch.device) -> None:
-    if not isinstance(value, torch.Tensor):
-        raise TypeError(f"{name} must be a torch.Tensor, got {type(value).__name__}")
-    if value.dtype != torch.int32:
-        raise TypeError(f"{name} must be int32, got {value.dtype}")
-    if tuple(value.shape) != shape:
-        raise InvalidBatchError(f"{name} must have shape {list(shape)}, got {list(value.shape)}")
-    if value.device != device:
-        raise InvalidBatchError(f"{name} is on {value.device}, the engine runs on {device}")

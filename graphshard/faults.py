@@ -94,6 +94,65 @@ class FaultReporter:
         return out
 
 
+class FaultGuard:
+    """One engine's fault state: bounded waits on its issued steps, reports to and from the peers,
+    and the fault that, once seen, every later step raises. `step` numbers are the engine's."""
+
+    def __init__(self, *, group: dist.ProcessGroup | None, rank: int, world_size: int,
+                 device: torch.device, timeout_s: float, transport=None):
+        multi = world_size > 1
+        self.rank, self.transport = rank, transport
+        self.reporter = FaultReporter(default_store(group) if multi else None, group, rank, world_size)
+        # Only CUDA steps run after the call returns; elsewhere every wait is bounded in the step.
+        self.watchdog = Watchdog(group, 2 * timeout_s) if multi and device.type == "cuda" else None
+        self.fault: str | None = None
+
+    def check(self, last_step: int, issued) -> None:
+        """Before a step (or when asked): raise the standing fault, or wait (bounded) for the last
+        issued step, whose completion event is `issued` (None: nothing in flight), and raise
+        what it ran into."""
+        if self.fault is not None:
+            raise StepFault(f"the engine is broken by an earlier fault: {self.fault}")
+        if self.watchdog is not None and issued is not None:
+            fault = self.watchdog.wait()
+            if fault is not None:
+                self.fail(last_step, fault)
+            self._check_transport(last_step)
+
+    def refused(self, step: int, error: Exception) -> None:
+        """This rank refused a step's inputs: peers that went on into the step can name why."""
+        self.reporter.report(f"step {step} refused: {type(error).__name__}: {error}")
+
+    def issued(self, step: int, done) -> None:
+        """Step `step` was issued; `done` is its completion event (None: it already ran)."""
+        if self.reporter.pending:
+            self.reporter.clear()  # an earlier refusal was every rank's: the group went on
+        if done is None:
+            self._check_transport(step)
+        elif self.watchdog is not None:
+            self.watchdog.watch(step, done)
+
+    def fail(self, step: int, what: str, cause: BaseException | None = None):
+        """Record the fault, tell the peers and raise it; every later check raises it too."""
+        self.reporter.report(f"step {step} failed: {what}")
+        self.fault = describe(f"step {step} failed on rank {self.rank}: {what}",
+                              self.reporter.peer_reports())
+        raise StepFault(self.fault) from cause
+
+    def give_up(self, reason: str) -> None:
+        self.reporter.report(f"rank {self.rank} gave up: {reason}")
+        self.fault = f"this rank gave up: {reason}"
+
+    def close(self) -> None:
+        if self.watchdog is not None:
+            self.watchdog.close()
+
+    def _check_transport(self, step: int) -> None:
+        fault = self.transport.fault() if self.transport is not None else None
+        if fault is not None:
+            self.fail(step, fault)
+
+
 def describe(what: str, reports: dict[int, str]) -> str:
     if not reports:
         return f"{what}; no peer reported an error (a peer may have died or stopped stepping)"
