@@ -253,7 +253,8 @@ class Engine:
         on that rank only, which reports it to its peers, and they fail their step within
         `timeout_s` naming it (DESIGN: pass every rank tensors of the same shape and dtype).
         A peer that dies or stops stepping makes this raise `StepFault` within `timeout_s`
-        (2 x `timeout_s` for a CUDA step), after which the engine refuses every step.
+        (2 x `timeout_s` + 1 s for a CUDA step that hangs in NCCL), after which the engine refuses
+        every step.
         """
         self.faults.check(self.steps - 1, self.inputs.issued_event())
         try:
