@@ -15,9 +15,11 @@ from graphshard.engine import Engine
 from graphshard.oracle import compare, sample_unsharded
 from graphshard.params import SamplingParams, SlotTables
 
+# GRAPHSHARD_GPU_TP=4 (or 8) runs these on more GPUs of one host.
+GPU_TP = int(os.environ.get("GRAPHSHARD_GPU_TP", "2"))
 pytestmark = pytest.mark.skipif(
-    not torch.cuda.is_available() or torch.cuda.device_count() < 2,
-    reason="needs 2 CUDA GPUs")
+    not torch.cuda.is_available() or torch.cuda.device_count() < GPU_TP,
+    reason=f"needs {GPU_TP} CUDA GPUs (GRAPHSHARD_GPU_TP)")
 
 MIXED = Config(vocab_size=32000, max_num_reqs=96, max_num_logits_per_req=3, max_num_slots=192,
                logits_dtype="bfloat16", transport="nccl",
@@ -38,7 +40,7 @@ def _report(name: str, data) -> None:
 @pytest.mark.parametrize("transport", ["nccl", "p2p"])
 def test_mixed_workload_equals_oracle(transport):
     cfg = MIXED.replace(transport=transport, buckets=(1, 2, 4, 8, 16, 24, 32, 48, 64))
-    results = spawn(_loop, 2, cfg, 300, 11, backend="nccl", timeout_s=900)
+    results = spawn(_loop, GPU_TP, cfg, 300, 11, backend="nccl", timeout_s=900)
     r0 = results[0]
     assert r0["transport"] == transport
     assert sum(r["verified"] for r in results) == 300
@@ -54,7 +56,7 @@ def test_real_vocabulary_bf16_and_fp32(transport):
         cfg = Config(vocab_size=152064, max_num_reqs=40, max_num_logits_per_req=2, max_num_slots=80,
                      logits_dtype=dtype, buckets=(1, 8, 16, 32), transport=transport,
                      graph_backend="cuda", num_logprobs=2)
-        results = spawn(_loop, 2, cfg, 60, 5, backend="nccl", timeout_s=900)
+        results = spawn(_loop, GPU_TP, cfg, 60, 5, backend="nccl", timeout_s=900)
         assert sum(r["verified"] for r in results) == 60
 
 
@@ -95,7 +97,7 @@ def test_ten_thousand_replays_default_buckets(transport):
     cfg = Config(vocab_size=4096, max_num_reqs=520, max_num_slots=1024,
                  buckets=tuple(b for b in default_buckets(520) if b <= 512),
                  transport=transport, graph_backend="cuda")
-    results = spawn(_many_replays, 2, cfg, 10_000, backend="nccl", timeout_s=1200)
+    results = spawn(_many_replays, GPU_TP, cfg, 10_000, backend="nccl", timeout_s=1200)
     r0 = results[0]
     assert r0["replays"] + r0["fallbacks"] == 10_000
     _report(f"replays_{transport}", r0)
@@ -110,8 +112,8 @@ def _graph_memory(rank, world, cfg):
 def test_all_bucket_graphs_fit_in_a_quarter_more_than_the_largest():
     base = Config(vocab_size=32000, max_num_reqs=256, max_num_slots=512, transport="nccl",
                   graph_backend="cuda")
-    every = spawn(_graph_memory, 2, base, backend="nccl", timeout_s=600)[0]
-    largest = spawn(_graph_memory, 2, base.replace(buckets=(256,)), backend="nccl", timeout_s=600)[0]
+    every = spawn(_graph_memory, GPU_TP, base, backend="nccl", timeout_s=600)[0]
+    largest = spawn(_graph_memory, GPU_TP, base.replace(buckets=(256,)), backend="nccl", timeout_s=600)[0]
     _report("graph_memory", {"all_buckets_bytes": every, "largest_alone_bytes": largest,
                              "num_buckets": len(base.buckets)})
     assert every <= 1.25 * max(largest, 1 << 20)
