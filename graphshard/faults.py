@@ -31,11 +31,7 @@ class StepFault(RuntimeError):
     """A step could not complete because of a peer (or this rank) failing; the group is broken."""
 
 
-class PeerTimeoutError(StepFault):
-    """A peer did not take part in a step within the configured timeout."""
-
-
-def default_store(group: dist.ProcessGroup | None):
+def default_store():
     """The store the default group was built on (file, TCP, ...), or None where there is none."""
     try:
         return dist.distributed_c10d._get_default_store() if dist.is_initialized() else None
@@ -102,7 +98,7 @@ class FaultGuard:
                  device: torch.device, timeout_s: float, transport=None):
         multi = world_size > 1
         self.rank, self.transport = rank, transport
-        self.reporter = FaultReporter(default_store(group) if multi else None, group, rank, world_size)
+        self.reporter = FaultReporter(default_store() if multi else None, group, rank, world_size)
         # Only CUDA steps run after the call returns; elsewhere every wait is bounded in the step.
         self.watchdog = Watchdog(group, 2 * timeout_s) if multi and device.type == "cuda" else None
         self.fault: str | None = None
