@@ -64,13 +64,21 @@ class AgreementCheck:
         self._mine = torch.zeros(4, dtype=torch.int64, device=self.device)
         self._all = torch.zeros(world_size * 4, dtype=torch.int64, device=self.device)  # [T * 4]
 
-    def check(self, step: int, batch: int, slots: int, local_error: Exception | None) -> None:
-        self._mine.copy_(torch.tensor([step, batch, slots, local_error is not None]))
+    def check(self, step: int, batch: int, slots: int, replicated_error: Exception | None,
+              local_error: Exception | None, wait=None) -> None:
+        """`batch` hashes the replicated inputs (or the error refusing them), `slots` the slot
+        tables. `wait(step, event)` bounds the wait for the gather on CUDA."""
+        flags = int(local_error is not None) + 2 * int(replicated_error is not None)
+        self._mine.copy_(torch.tensor([step, batch, slots, flags]))
         finish(all_gather_single(self._all, self._mine, group=self.group, async_op=True),
                self.device, self._timeout)
+        if self.device.type == "cuda" and wait is not None:
+            done = torch.cuda.Event()
+            done.record()
+            wait(step, done)
         rows = self._all.cpu().numpy().reshape(self.world_size, 4)
         if rows[:, 3].any():
-            self._raise_tensor_errors(rows, local_error)
+            self._raise_refusals(step, rows, replicated_error, local_error)
         for col, what in ((0, "step counts"), (1, "replicated step inputs"),
                           (2, "active requests and their sampling parameters")):
             differ = np.flatnonzero(rows[:, col] != rows[0, col])
@@ -79,9 +87,17 @@ class AgreementCheck:
                     f"step {step}: ranks {differ.tolist()} differ from rank 0 in their {what}; "
                     "every rank must make identical calls")
 
-    def _raise_tensor_errors(self, rows: np.ndarray, local_error: Exception | None):
+    def _raise_refusals(self, step: int, rows: np.ndarray, replicated_error, local_error):
+        """Some rank refused something: the same error on every rank. The object gather below
+        runs only on this error path, and is bounded by the group's own timeout alone."""
+        if (rows[:, 3] == 2).all() and (rows[:, 1] == rows[0, 1]).all():
+            raise replicated_error  # every rank refused the same batch the same way
+        error = replicated_error if replicated_error is not None else local_error
         messages = [None] * self.world_size
-        mine = f"{type(local_error).__name__}: {local_error}" if local_error is not None else None
+        mine = f"{type(error).__name__}: {error}" if error is not None else None
         dist.all_gather_object(messages, mine, group=self.group)
         bad = "; ".join(f"rank {r}: {m}" for r, m in enumerate(messages) if m is not None)
+        if (rows[:, 3] & 2).any():
+            raise RankDivergenceError(f"step {step}: only some ranks refused the batch ({bad}); "
+                                      "every rank must make identical calls")
         raise InvalidBatchError(f"step tensors refused on some ranks ({bad})")

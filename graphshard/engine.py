@@ -18,7 +18,7 @@ import torch.distributed as dist
 from graphshard.agreement import AgreementCheck, SlotDigest, digest
 from graphshard.config import Config
 from graphshard.devices import resolve_device
-from graphshard.faults import FaultGuard
+from graphshard.faults import FaultGuard, StepFault
 from graphshard.graphs import GraphManager, make_backend
 from graphshard.inputs import StepInputs
 from graphshard.params import SamplingParams, SlotTables
@@ -154,14 +154,16 @@ class Engine:
                              f"num_logprobs ({self.config.num_logprobs})")
         self.tables.set(slot, params)
         self.checker.active[slot] = True
-        self.slot_digest.set(slot, params)
+        if self.agreement is not None:
+            self.slot_digest.set(slot, params)
 
     def remove_request(self, slot: int) -> None:
         if isinstance(slot, bool) or not isinstance(slot, (int, np.integer)) \
                 or not (0 <= slot < self.config.max_num_slots) or not self.checker.active[slot]:
             raise ValueError(f"slot {slot!r} holds no request")
         self.checker.active[slot] = False
-        self.slot_digest.remove(slot)
+        if self.agreement is not None:
+            self.slot_digest.remove(slot)
 
     # -- the step functions (what a graph captures) ----------------------------------------------
     def _shard_fn(self, bucket: int, capacity: int):
@@ -248,32 +250,21 @@ class Engine:
 
         Returns views (batch order, first n rows) of static buffers: read them before the next step.
         Every check runs before any device work or collective. Checks of the replicated inputs
-        raise identically on every rank. The logits, drafts and bitmask tensors are each rank's
-        own: with `check_agreement` a refused one raises on every rank; without it, it raises
-        on that rank only, which reports it to its peers, and they fail their step within
-        `timeout_s` naming it (DESIGN: pass every rank tensors of the same shape and dtype).
+        raise identically on every rank and change nothing. The logits, drafts and bitmask
+        tensors are each rank's own: with `check_agreement` a refused one raises on every rank
+        (and so does any divergence); without it, the refusing rank's peers are already inside
+        the step, so that rank gives up (its engine refuses every later step) and the peers fail
+        within `timeout_s` naming its error.
         A peer that dies or stops stepping makes this raise `StepFault` within `timeout_s`
         (2 x `timeout_s` + 1 s for a CUDA step that hangs in NCCL), after which the engine refuses
         every step.
         """
+        self.faults.check_standing()
+        idx, cu, lens, bucket = self._check_step(idx_mapping, cu_num_logits, seq_lens, logits,
+                                                 draft_token_ids, grammar_bitmask)
+        n, num_logits = idx.shape[0], int(cu[-1])
+        # Only now wait for the previous step: the checks above overlapped it.
         self.faults.check(self.steps - 1, self.inputs.issued_event())
-        try:
-            idx, cu, lens = self.checker.check(idx_mapping, cu_num_logits, seq_lens)
-            n, num_logits = idx.shape[0], int(cu[-1])
-            # Replicated checks first: a rank's own tensor error must not hide them.
-            bucket = self.graphs.bucket_for(n) if self.captured else None
-            if self.captured and bucket is None:
-                self.graphs.check_fits(n)
-            local_error = self.inputs.tensor_error(logits, draft_token_ids, grammar_bitmask, num_logits)
-            if self.agreement is not None:
-                batch = digest(idx, cu, lens, draft_token_ids is not None, grammar_bitmask is not None)
-                self._agree(batch, local_error)
-            elif local_error is not None:
-                raise local_error
-        except (InvalidBatchError, TypeError) as e:
-            if self.tp_size > 1:
-                self.faults.refused(self.steps, e)
-            raise
         key = self._choose_key(bucket, idx, cu, n)
 
         self.inputs.write_meta(idx, cu, lens, bitmask_on=grammar_bitmask is not None)
@@ -293,15 +284,51 @@ class Engine:
         except Exception as e:
             self.faults.fail(self.steps, f"{type(e).__name__}: {e}", e)
         finally:
+            self.faults.issuing()  # the watchdog must not time this step from the last one's issue
             self.inputs.mark_issued()  # even a failed step may have queued its fetch
         self.steps += 1
         self.faults.issued(self.steps - 1, self.inputs.issued_event())
         return self._outputs(n)
 
-    def _agree(self, batch: int, local_error: Exception | None) -> None:
+    def _check_step(self, idx_mapping, cu_num_logits, seq_lens, logits, drafts, bitmask):
+        """Every check of a step's inputs: (idx, cu, lens, bucket), or raise (see `step`)."""
+        replicated_error = local_error = checked = None
         try:
-            self.agreement.check(self.steps, batch, self.slot_digest.value, local_error)
+            idx, cu, lens = self.checker.check(idx_mapping, cu_num_logits, seq_lens)
+            # Replicated checks first: a rank's own tensor error must not hide them.
+            bucket = self.graphs.bucket_for(idx.shape[0]) if self.captured else None
+            if self.captured and bucket is None:
+                self.graphs.check_fits(idx.shape[0])
+            checked = (idx, cu, lens, bucket)
+            local_error = self.inputs.tensor_error(logits, drafts, bitmask, int(cu[-1]))
+        except (InvalidBatchError, TypeError) as e:
+            replicated_error = e
+        if self.agreement is not None:
+            # Even a refused batch joins the check, so a rank that diverged into a refusal (a
+            # missed add_request, say) makes every rank raise rather than leave its peers waiting.
+            batch = digest(*checked[:3], drafts is not None, bitmask is not None) if checked \
+                else digest("refused", type(replicated_error).__name__, str(replicated_error))
+            self._agree(batch, replicated_error, local_error)
+        elif replicated_error is not None:
+            if self.tp_size > 1:
+                self.faults.refused(self.steps, replicated_error)
+            raise replicated_error
+        elif local_error is not None:
+            if self.tp_size > 1:  # the peers are inside the step: this rank can never catch up
+                self.faults.give_up(f"step {self.steps}: its own tensors were refused: "
+                                    f"{type(local_error).__name__}: {local_error}")
+            raise local_error
+        self.faults.checks_passed()
+        return checked
+
+    def _agree(self, batch: int, replicated_error: Exception | None,
+               local_error: Exception | None) -> None:
+        try:
+            self.agreement.check(self.steps, batch, self.slot_digest.value, replicated_error,
+                                 local_error, wait=self.faults.wait_for)
         except (InvalidBatchError, TypeError):
+            raise
+        except StepFault:
             raise
         except Exception as e:  # the collective itself failed: a peer is gone
             self.faults.fail(self.steps, f"the agreement check failed: {type(e).__name__}: {e}", e)

@@ -103,12 +103,14 @@ class FaultGuard:
         self.watchdog = Watchdog(group, 2 * timeout_s) if multi and device.type == "cuda" else None
         self.fault: str | None = None
 
-    def check(self, last_step: int, issued) -> None:
-        """Before a step (or when asked): raise the standing fault, or wait (bounded) for the last
-        issued step, whose completion event is `issued` (None: nothing in flight), and raise
-        what it ran into."""
+    def check_standing(self) -> None:
         if self.fault is not None:
             raise StepFault(f"the engine is broken by an earlier fault: {self.fault}")
+
+    def check(self, last_step: int, issued) -> None:
+        """Raise the standing fault, or wait (bounded) for the last issued step, whose completion
+        event is `issued` (None: nothing in flight), and raise what it ran into."""
+        self.check_standing()
         if self.watchdog is not None and issued is not None:
             fault = self.watchdog.wait()
             if fault is not None:
@@ -119,10 +121,28 @@ class FaultGuard:
         """This rank refused a step's inputs: peers that went on into the step can name why."""
         self.reporter.report(f"step {step} refused: {type(error).__name__}: {error}")
 
-    def issued(self, step: int, done) -> None:
-        """Step `step` was issued; `done` is its completion event (None: it already ran)."""
+    def checks_passed(self) -> None:
         if self.reporter.pending:
             self.reporter.clear()  # an earlier refusal was every rank's: the group went on
+
+    def issuing(self) -> None:
+        """A step is about to be recorded: stop watching the previous one first."""
+        if self.watchdog is not None:
+            self.watchdog.disarm()
+
+    def wait_for(self, step: int, done) -> None:
+        """Wait (bounded) for a CUDA event of step `step` outside the step itself (a check's
+        collective), raising `StepFault` past the bound."""
+        if self.watchdog is None:
+            done.synchronize()
+            return
+        self.watchdog.watch(step, done, what="the agreement check of step")
+        fault = self.watchdog.wait()
+        if fault is not None:
+            self.fail(step, fault)
+
+    def issued(self, step: int, done) -> None:
+        """Step `step` was issued; `done` is its completion event (None: it already ran)."""
         if done is None:
             self._check_transport(step)
         elif self.watchdog is not None:
@@ -170,9 +190,10 @@ class Watchdog:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 
-    def watch(self, step: int, done: torch.cuda.Event) -> None:
-        """`done` fires when step `step`, issued now, has finished on the device."""
-        self._step = (step, time.monotonic(), done)
+    def watch(self, step: int, done: torch.cuda.Event, what: str = "step") -> None:
+        """`done` fires when step `step` (or `what`), issued now, has finished on the device."""
+        with self._lock:
+            self._step = (f"{what} {step}", time.monotonic(), done)
         if self._thread is None:
             self._thread = threading.Thread(target=self._run, name="graphshard-watchdog", daemon=True)
             self._thread.start()
@@ -189,13 +210,21 @@ class Watchdog:
             time.sleep(0)  # a GIL switch point, so the watchdog thread keeps its period
         return self.fault
 
+    def disarm(self) -> None:
+        with self._lock:
+            self._step = None
+
     def close(self) -> None:
         self._stop.set()
 
     def _run(self) -> None:
         period = min(1.0, self.limit_s / 4)
         while not self._stop.wait(period) and self.fault is None:
-            self._overrun()
+            try:
+                self._overrun()
+            except Exception as e:  # noqa: BLE001 - a sticky CUDA error, say: the caller's turn
+                self.fault = f"the step watchdog stopped: {type(e).__name__}: {e}"
+                logger.error("%s", self.fault)
 
     def _overrun(self) -> str | None:
         with self._lock:
@@ -203,7 +232,7 @@ class Watchdog:
             if self.fault is None and current is not None:
                 step, issued_at, done = current
                 if not done.query() and time.monotonic() - issued_at > self.limit_s:
-                    self.fault = f"step {step} did not finish within {self.limit_s:g} s of its issue"
+                    self.fault = f"{step} did not finish within {self.limit_s:g} s of its issue"
                     logger.error("%s; aborting the group's communicators", self.fault)
                     abort_group(self.group)
             return self.fault

@@ -57,7 +57,11 @@ def _run_until_fault(rank, world, cfg, victim, mode, outdir):
         except (StepFault, InvalidBatchError, TypeError) as e:
             record.update(step=step, elapsed=time.monotonic() - start, error=type(e).__name__,
                           message=str(e))
-            if rank == victim:
+            if rank == victim:  # its peers are inside the step: it must not step again
+                try:
+                    engine.step(*BATCH, shard.float())
+                except StepFault as again:
+                    record["refused_after"] = str(again)
                 _stay_out(outdir, world, victim)
                 break
             try:
@@ -107,6 +111,7 @@ def test_peers_fail_within_the_bound_naming_the_cause(tmp_path, transport, world
             assert f"waiting for rank {victim}" in r["message"], r
     if mode == "refuse":
         assert got[victim]["error"] == "TypeError" and got[victim]["step"] == FAULT_STEP
+        assert "its own tensors were refused" in got[victim]["refused_after"]
 
 
 def _diverging_ranks(rank, world):
@@ -130,19 +135,25 @@ def _diverging_ranks(rank, world):
     attempt(np.arange(5, dtype=np.int32), np.arange(6, dtype=np.int32), np.zeros(5, np.int32),
             torch.cat([shard, shard[:1]]))
     engine.add_request(4, SamplingParams(temperature=0.0))  # the ranks agree again
+    if rank == 0:
+        engine.add_request(5, SamplingParams(temperature=0.0))  # rank 1 misses this one
+    attempt(np.array([0, 5], np.int32), np.arange(3, dtype=np.int32), np.zeros(2, np.int32), shard[:2])
+    if rank == 0:
+        engine.remove_request(5)
     out = engine.step(idx, cu, lens, shard)
     return errors, out.sampled_token_ids[:, 0].tolist(), engine.stats()["replays"]
 
 
 def test_agreement_check_raises_on_every_rank_and_the_engine_recovers():
     (e0, tok0, replays0), (e1, tok1, _) = spawn(_diverging_ranks, 2, timeout_s=300)
-    assert e0 == e1 and len(e0) == 4
+    assert e0 == e1 and len(e0) == 5
     kinds = [kind for kind, _ in e0]
     assert kinds == ["RankDivergenceError", "RankDivergenceError", "InvalidBatchError",
-                     "RankDivergenceError"]
+                     "RankDivergenceError", "RankDivergenceError"]
     assert "replicated step inputs" in e0[0][1] and "ranks [1]" in e0[0][1]
     assert "rank 1: TypeError" in e0[2][1] and "float32" in e0[2][1]
     assert "sampling parameters" in e0[3][1]
+    assert "only some ranks refused" in e0[4][1] and "rank 1: InvalidBatchError: slot 5" in e0[4][1]
     assert tok0 == tok1 and sum(replays0.values()) == 1  # only the last step ran
 
 
@@ -207,7 +218,7 @@ class _Group:
 def test_watchdog_aborts_the_group_once_when_a_step_overruns():
     group = _Group()
     watchdog = Watchdog(group, limit_s=0.4)
-    watchdog.watch(7, _Event(done=False))
+    watchdog.watch(7, _Event(done=False))  # labelled "step 7"
     time.sleep(1.0)  # the thread's own check, with no caller waiting
     assert watchdog.fault == "step 7 did not finish within 0.4 s of its issue"
     assert group.aborts == 1
@@ -224,4 +235,14 @@ def test_watchdog_passes_finished_steps_and_bounds_the_callers_wait():
     start = time.monotonic()
     assert watchdog.wait() == "step 2 did not finish within 0.5 s of its issue"
     assert time.monotonic() - start < 1.5 and group.aborts == 1
+    watchdog.close()
+
+
+def test_a_disarmed_watchdog_never_times_the_next_step_from_the_last_issue():
+    group = _Group()
+    watchdog = Watchdog(group, limit_s=0.4)
+    watchdog.watch(1, _Event(done=False))
+    watchdog.disarm()  # what the engine does before recording the next step's event
+    time.sleep(1.0)
+    assert watchdog.fault is None and group.aborts == 0
     watchdog.close()
