@@ -1,6 +1,5 @@
 """The engine on real GPUs: both transports on 2 GPUs, CUDA graphs, every step against the oracle."""
 
-import json
 import os
 import time
 
@@ -30,22 +29,16 @@ def _loop(rank, world, cfg, steps, seed):
     return run_rank(rank, world, cfg, DemoSettings(steps=steps, seed=seed))
 
 
-def _report(name: str, data) -> None:
-    out = os.environ.get("OUT")
-    if out:
-        with open(os.path.join(out, "gpu_report.jsonl"), "a") as f:
-            f.write(json.dumps({"test": name, **data}) + "\n")
-
 
 @pytest.mark.parametrize("transport", ["nccl", "p2p"])
-def test_mixed_workload_equals_oracle(transport):
+def test_mixed_workload_equals_oracle(transport, gpu_report):
     cfg = MIXED.replace(transport=transport, buckets=(1, 2, 4, 8, 16, 24, 32, 48, 64))
     results = spawn(_loop, GPU_TP, cfg, 300, 11, backend="nccl", timeout_s=900)
     r0 = results[0]
     assert r0["transport"] == transport
     assert sum(r["verified"] for r in results) == 300
     assert r0["eager_fallbacks"] > 0
-    _report(f"mixed_{transport}", {"capture_s": r0["capture_s"],
+    gpu_report(f"mixed_{transport}", {"capture_s": r0["capture_s"],
                                    "issue_p50_us": float(np.median(r0["issue_us"])),
                                    "step_p50_us": float(np.median(r0["step_us"]))})
 
@@ -93,14 +86,14 @@ def _many_replays(rank, world, cfg, steps):
 
 
 @pytest.mark.parametrize("transport", ["nccl", "p2p"])
-def test_ten_thousand_replays_default_buckets(transport):
+def test_ten_thousand_replays_default_buckets(transport, gpu_report):
     cfg = Config(vocab_size=4096, max_num_reqs=520, max_num_slots=1024,
                  buckets=tuple(b for b in default_buckets(520) if b <= 512),
                  transport=transport, graph_backend="cuda")
     results = spawn(_many_replays, GPU_TP, cfg, 10_000, backend="nccl", timeout_s=1200)
     r0 = results[0]
     assert r0["replays"] + r0["fallbacks"] == 10_000
-    _report(f"replays_{transport}", r0)
+    gpu_report(f"replays_{transport}", r0)
 
 
 def _graph_memory(rank, world, cfg):
@@ -109,11 +102,11 @@ def _graph_memory(rank, world, cfg):
     return engine.stats()["graph_memory_bytes"]
 
 
-def test_all_bucket_graphs_fit_in_a_quarter_more_than_the_largest():
+def test_all_bucket_graphs_fit_in_a_quarter_more_than_the_largest(gpu_report):
     base = Config(vocab_size=32000, max_num_reqs=256, max_num_slots=512, transport="nccl",
                   graph_backend="cuda")
     every = spawn(_graph_memory, GPU_TP, base, backend="nccl", timeout_s=600)[0]
     largest = spawn(_graph_memory, GPU_TP, base.replace(buckets=(256,)), backend="nccl", timeout_s=600)[0]
-    _report("graph_memory", {"all_buckets_bytes": every, "largest_alone_bytes": largest,
+    gpu_report("graph_memory", {"all_buckets_bytes": every, "largest_alone_bytes": largest,
                              "num_buckets": len(base.buckets)})
     assert every <= 1.25 * max(largest, 1 << 20)

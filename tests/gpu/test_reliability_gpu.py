@@ -27,19 +27,19 @@ LONG = Config(vocab_size=32000, max_num_reqs=64, max_num_slots=128, logits_dtype
               graph_backend="cuda", transport="p2p", timeout_s=30.0)
 
 
-def _report(name: str, data: dict) -> None:
-    out = os.environ.get("OUT")
-    if out:
-        with open(os.path.join(out, "gpu_report.jsonl"), "a") as f:
-            f.write(json.dumps({"test": name, **data}) + "\n")
+
+def _greedy_engine(cfg, n: int):
+    """A captured engine with n greedy requests in slots 0..n-1, and the batch of all of them."""
+    engine = Engine(cfg)
+    engine.capture()
+    for slot in range(n):
+        engine.add_request(slot, SamplingParams(temperature=0.0))
+    batch = np.arange(n, dtype=np.int32), np.arange(n + 1, dtype=np.int32), np.zeros(n, np.int32)
+    return engine, batch
 
 
 def _until_death(rank, world, cfg, outdir):
-    engine = Engine(cfg)
-    engine.capture()
-    for slot in range(8):
-        engine.add_request(slot, SamplingParams(temperature=0.0))
-    idx, cu, lens = np.arange(8, dtype=np.int32), np.arange(9, dtype=np.int32), np.zeros(8, np.int32)
+    engine, (idx, cu, lens) = _greedy_engine(cfg, 8)
     shard = torch.randn(8, engine.vocab_shard, device=engine.device)
     record = {"rank": rank}
     for step in range(10):
@@ -60,7 +60,7 @@ def _until_death(rank, world, cfg, outdir):
 
 
 @pytest.mark.parametrize("transport", ["p2p", "nccl"])
-def test_dead_rank_fails_its_peer_within_the_bound(tmp_path, transport):
+def test_dead_rank_fails_its_peer_within_the_bound(tmp_path, transport, gpu_report):
     cfg = Config(vocab_size=32000, max_num_reqs=16, buckets=(8, 16), transport=transport,
                  graph_backend="cuda", timeout_s=TIMEOUT_S)
     with pytest.raises(RuntimeError, match="exited with code 17"):
@@ -68,7 +68,7 @@ def test_dead_rank_fails_its_peer_within_the_bound(tmp_path, transport):
               failure_grace_s=3 * TIMEOUT_S + 30)
     got = json.loads((tmp_path / "rank0.json").read_text())
     print(transport, got)
-    _report(f"dead_rank_{transport}", got)
+    gpu_report(f"dead_rank_{transport}", got)
     assert got["step"] == 5, got
     bound = TIMEOUT_S if transport == "p2p" else 2 * TIMEOUT_S
     assert got["elapsed"] <= bound + 5.0, got
@@ -132,12 +132,12 @@ def _rss_bytes() -> int:
         return int(f.read().split()[1]) * resource.getpagesize()
 
 
-def test_long_run_equal_to_the_oracle_with_flat_memory_and_time():
+def test_long_run_equal_to_the_oracle_with_flat_memory_and_time(gpu_report):
     steps = int(os.environ.get("LONG_RUN_STEPS", "100000"))
     check_every = 50
     results = spawn(_long_run, 2, LONG, steps, check_every, backend="nccl", timeout_s=900)
     r0 = results[0]
-    _report("long_run", {"steps": steps, **{k: r0[k] for k in r0},
+    gpu_report("long_run", {"steps": steps, **{k: r0[k] for k in r0},
                          "checked_total": sum(r["checked"] for r in results)})
     assert sum(r["mismatches"] for r in results) == 0
     assert sum(r["checked"] for r in results) >= steps // check_every
@@ -153,11 +153,7 @@ def test_long_run_equal_to_the_oracle_with_flat_memory_and_time():
 
 
 def _agreement_cost(rank, world, cfg, steps):
-    engine = Engine(cfg)
-    engine.capture()
-    for slot in range(32):
-        engine.add_request(slot, SamplingParams(temperature=0.0))
-    idx, cu, lens = np.arange(32, dtype=np.int32), np.arange(33, dtype=np.int32), np.zeros(32, np.int32)
+    engine, (idx, cu, lens) = _greedy_engine(cfg, 32)
     shard = torch.randn(32, engine.vocab_shard, device="cuda")
     times = []
     for _ in range(steps):
@@ -168,13 +164,13 @@ def _agreement_cost(rank, world, cfg, steps):
     return float(np.median(times[steps // 5:])) * 1e6
 
 
-def test_agreement_check_cost_is_measured():
+def test_agreement_check_cost_is_measured(gpu_report):
     """Not a timed assertion: the debug mode's cost per step goes to the report."""
     cfg = LONG.replace(vocab_size=152064, max_num_reqs=32, buckets=(32,))
     off = spawn(_agreement_cost, 2, cfg, 2000, backend="nccl", timeout_s=600)
     on = spawn(_agreement_cost, 2, cfg.replace(check_agreement=True), 2000, backend="nccl",
                timeout_s=600)
-    _report("agreement_cost", {"batch": 32, "vocab": 152064, "step_p50_us_off": off[0],
+    gpu_report("agreement_cost", {"batch": 32, "vocab": 152064, "step_p50_us_off": off[0],
                                "step_p50_us_on": on[0], "added_us": on[0] - off[0]})
     print(f"check_agreement: step p50 {off[0]:.1f} us off, {on[0]:.1f} us on")
 
@@ -203,10 +199,10 @@ def _lonely_p2p(rank, world, timeout_s):
     return timings, transport.fault(), transport.num_blocks
 
 
-def test_p2p_kernels_give_up_after_the_timeout_then_at_once():
+def test_p2p_kernels_give_up_after_the_timeout_then_at_once(gpu_report):
     timings, fault, blocks = spawn(_lonely_p2p, 2, 2.0, backend="nccl", timeout_s=120)[0]
     print(timings, fault, blocks)
-    _report("p2p_give_up", {"timings_s": timings, "fault": fault, "num_blocks": blocks})
+    gpu_report("p2p_give_up", {"timings_s": timings, "fault": fault, "num_blocks": blocks})
     assert fault == "p2p row push start barrier on rank 0 gave up after 2 s waiting for rank 1"
     assert 2.0 <= timings["first push"] <= 3.0, timings
     assert timings["second push"] < 0.5 and timings["barrier"] < 0.5, timings
