@@ -326,9 +326,7 @@ class Engine:
         try:
             self.agreement.check(self.steps, batch, self.slot_digest.value, replicated_error,
                                  local_error, wait=self.faults.wait_for)
-        except (InvalidBatchError, TypeError):
-            raise
-        except StepFault:
+        except (InvalidBatchError, TypeError, StepFault):
             raise
         except Exception as e:  # the collective itself failed: a peer is gone
             self.faults.fail(self.steps, f"the agreement check failed: {type(e).__name__}: {e}", e)
