@@ -122,7 +122,7 @@ class Engine:
             statics = {"meta": self.inputs.meta, "logits": self.inputs.logits,
                        "drafts": self.inputs.draft_token_ids, "bitmask": self.inputs.grammar_bitmask,
                        "local_records": self.local_records, "records": self.records,
-                       "identity_rows": self.identity_rows, "workspace": self.workspace.partials}
+                       "identity_rows": self.identity_rows, "workspace": self.workspace.buffer}
             statics.update({f"plan.{k}": v for k, v in self.plan_buffers.as_dict().items()})
             statics.update({f"slots.{k}": v for k, v in vars(self.tables).items()
                             if isinstance(v, torch.Tensor)})

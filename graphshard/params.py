@@ -74,35 +74,51 @@ class SamplingParams:
             bad("num_logprobs", "must be an int32 integer >= 0")
 
 
+# Columns of the packed slot table: one int32 row per slot, floats stored as their bits, so a
+# kernel takes the whole table as one pointer and loads a slot's parameters from one row.
+SLOT_FIELDS = ("temperature", "top_k", "top_p", "min_p", "seed_lo", "seed_hi", "num_logprobs")
+SLOT_WIDTH = 8  # a power of two: one aligned row per slot
+_FLOAT_FIELDS = ("temperature", "top_p", "min_p")
+
+
 class SlotTables:
-    """Device tables indexed by request slot. Written outside the captured step, read inside it."""
+    """Device table indexed by request slot. Written outside the captured step, read inside it.
+
+    `packed` [max_num_slots, SLOT_WIDTH] int32 holds every field (`SLOT_FIELDS` order, float
+    fields as fp32 bits); the named attributes are strided views of its columns."""
 
     def __init__(self, max_num_slots: int, device: torch.device | str):
         self.max_num_slots = max_num_slots
-        f32 = dict(dtype=torch.float32, device=device)
-        i32 = dict(dtype=torch.int32, device=device)
-        self.temperature = torch.zeros(max_num_slots, **f32)  # [max_num_slots]
-        self.top_k = torch.zeros(max_num_slots, **i32)
-        self.top_p = torch.ones(max_num_slots, **f32)
-        self.min_p = torch.zeros(max_num_slots, **f32)
-        # Two 32-bit halves keep the RNG key arithmetic in uint32 on every backend.
-        self.seed_lo = torch.zeros(max_num_slots, **i32)
-        self.seed_hi = torch.zeros(max_num_slots, **i32)
-        self.num_logprobs = torch.zeros(max_num_slots, **i32)
+        self.packed = torch.zeros(max_num_slots, SLOT_WIDTH, dtype=torch.int32, device=device)
+        self.top_p.fill_(1.0)
+
+    def __getattr__(self, name: str) -> torch.Tensor:
+        if name in SLOT_FIELDS:
+            column = self.packed[:, SLOT_FIELDS.index(name)]
+            return column.view(torch.float32) if name in _FLOAT_FIELDS else column
+        raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
 
     def set(self, slot: int, params: SamplingParams) -> None:
-        """Write a slot's parameters (validated by SamplingParams, so no write can fail halfway)."""
+        """Write a slot's parameters in one copy (validated by SamplingParams, so no write can
+        fail halfway)."""
         if isinstance(slot, bool) or not isinstance(slot, (int, np.integer)):
             raise TypeError(f"slot must be an integer, got {type(slot).__name__} ({slot!r})")
         if not (0 <= slot < self.max_num_slots):
             raise ValueError(f"slot {slot!r} out of range [0, {self.max_num_slots})")
         if not isinstance(params, SamplingParams):
             raise TypeError(f"params must be SamplingParams, got {type(params).__name__}")
-        seed_lo, seed_hi = split_seed(params.seed)
-        self.temperature[slot] = params.temperature
-        self.top_k[slot] = params.top_k
-        self.top_p[slot] = params.top_p
-        self.min_p[slot] = params.min_p
-        self.seed_lo[slot] = seed_lo
-        self.seed_hi[slot] = seed_hi
-        self.num_logprobs[slot] = params.num_logprobs
+        self.packed[slot] = torch.from_numpy(pack_params(params))
+
+
+def pack_params(params: SamplingParams) -> np.ndarray:
+    """One slot-table row [SLOT_WIDTH] int32 for `params`."""
+    row = np.zeros(SLOT_WIDTH, dtype=np.int32)
+    values = dict(temperature=params.temperature, top_k=params.top_k, top_p=params.top_p,
+                  min_p=params.min_p, num_logprobs=params.num_logprobs)
+    values["seed_lo"], values["seed_hi"] = split_seed(params.seed)
+    for i, name in enumerate(SLOT_FIELDS):
+        if name in _FLOAT_FIELDS:
+            row[i] = np.float32(values[name]).view(np.int32)
+        else:
+            row[i] = values[name]
+    return row

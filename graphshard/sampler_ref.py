@@ -57,7 +57,9 @@ def _filter(s: np.ndarray, top_k: int, top_p: float, min_p: float) -> np.ndarray
         cut = int(np.searchsorted(mass, top_p * mass[-1], side="left"))
         keep &= s >= s[order[min(cut, vocab_size - 1)]]
     if min_p > 0.0:
-        keep &= np.exp(s - s_max) >= min_p
+        # p / p_max >= min_p, compared in the log domain: exp(s - s_max) rounds to 1 for scores
+        # within float64 precision of the max (huge temperatures), the log form does not.
+        keep &= s - s_max >= np.log(min_p)
     return keep
 
 

@@ -35,17 +35,18 @@ def uses_filters(top_k, top_p, min_p, VOCAB: tl.constexpr):
 
 @triton.jit
 def load_masked(row_ptr, mask_row_ptr, mask_on, offs, VOCAB: tl.constexpr, HAS_BITMASK: tl.constexpr):
-    """One vocab tile of a row: (fp32 logits with NaN/padding/disallowed = -inf, NaN flags)."""
+    """One vocab tile of a row -> (fp32 logits with NaN/padding/disallowed = -inf, NaN flags,
+    raw fp32 logits with NaN/padding = -inf, allowed flags)."""
     valid = offs < VOCAB
-    x = tl.load(row_ptr + offs, mask=valid, other=float("-inf")).to(tl.float32)
-    is_nan = x != x
-    x = tl.where(is_nan, float("-inf"), x)
+    raw = tl.load(row_ptr + offs, mask=valid, other=float("-inf")).to(tl.float32)
+    is_nan = raw != raw
+    raw = tl.where(is_nan, float("-inf"), raw)
+    allowed = valid
     if HAS_BITMASK:
         # A step without a bitmask masks the load off: no bytes read, every token allowed.
         words = tl.load(mask_row_ptr + offs // 32, mask=valid & mask_on, other=-1)
         allowed = ((words >> (offs % 32)) & 1) != 0
-        x = tl.where(allowed, x, float("-inf"))
-    return x, is_nan
+    return tl.where(allowed, raw, float("-inf")), is_nan, raw, allowed
 
 
 @triton.jit
@@ -53,7 +54,8 @@ def scan_chunk(row_ptr, mask_row_ptr, mask_on, lo, SPAN: tl.constexpr, VOCAB: tl
                key, thr_key, min_score, DRAW: tl.constexpr, BLOCK: tl.constexpr,
                HAS_BITMASK: tl.constexpr):
     """One pass over columns [lo, lo + SPAN) of a row -> (has NaN, max masked logit, its lowest
-    id, max Gumbel score, its lowest id).
+    id, max Gumbel score, its lowest id, per-lane max masked logit [BLOCK], per-lane max raw
+    logit [BLOCK]).
 
     With DRAW, the Gumbel scores `s + g` of the tokens kept by the thresholds (key of the score
     >= thr_key and score >= min_score); without, the Gumbel result is (-inf, 0). Per-lane running
@@ -66,13 +68,16 @@ def scan_chunk(row_ptr, mask_row_ptr, mask_on, lo, SPAN: tl.constexpr, VOCAB: tl
     best_xi = tl.zeros([BLOCK], tl.int32)
     best_z = tl.full([BLOCK], float("-inf"), tl.float32)
     best_zi = tl.zeros([BLOCK], tl.int32)
+    best_raw = tl.full([BLOCK], float("-inf"), tl.float32)
     for start in range(0, SPAN, BLOCK):
         offs = lo + start + lanes
-        x, is_nan = load_masked(row_ptr, mask_row_ptr, mask_on, offs, VOCAB, HAS_BITMASK)
+        x, is_nan, raw, _ = load_masked(row_ptr, mask_row_ptr, mask_on, offs, VOCAB, HAS_BITMASK)
         any_nan = any_nan | is_nan
         better = x > best_x
         best_xi = tl.where(better, offs, best_xi)
         best_x = tl.where(better, x, best_x)
+        if HAS_BITMASK:
+            best_raw = tl.maximum(best_raw, raw)
         if DRAW:
             s = x * inv_temp
             kept = (order_key(s) >= thr_key) & (s >= min_score)
@@ -80,12 +85,14 @@ def scan_chunk(row_ptr, mask_row_ptr, mask_on, lo, SPAN: tl.constexpr, VOCAB: tl
             better = z > best_z
             best_zi = tl.where(better, offs, best_zi)
             best_z = tl.where(better, z, best_z)
+    if not HAS_BITMASK:
+        best_raw = best_x
     has_nan = tl.max(any_nan.to(tl.int32), axis=0)
     max_x = tl.max(best_x, axis=0)
     arg_x = tl.min(tl.where(best_x == max_x, best_xi, 2147483647), axis=0)
     max_z = tl.max(best_z, axis=0)
     arg_z = tl.min(tl.where(best_z == max_z, best_zi, 2147483647), axis=0)
-    return has_nan, max_x, arg_x, max_z, arg_z
+    return has_nan, max_x, arg_x, max_z, arg_z, best_x, best_raw
 
 
 @triton.jit
@@ -109,7 +116,7 @@ def search_threshold(row_ptr, mask_row_ptr, mask_on, VOCAB: tl.constexpr, inv_te
         acc = tl.zeros([RADIX], tl.float32)
         for start in range(0, VOCAB, BLOCK):
             offs = start + lanes
-            x, _ = load_masked(row_ptr, mask_row_ptr, mask_on, offs, VOCAB, HAS_BITMASK)
+            x, _, _, _ = load_masked(row_ptr, mask_row_ptr, mask_on, offs, VOCAB, HAS_BITMASK)
             s = x * inv_temp
             k = order_key(s)
             if BY_MASS:
@@ -149,7 +156,7 @@ def draw_filtered(row_ptr, mask_row_ptr, mask_on, VOCAB: tl.constexpr, key, inv_
     # p / p_max = exp(s - s_max), whatever the normalisation.
     min_score = tl.where(use_min_p, max_score + tl.log(tl.where(use_min_p, min_p, 1.0)),
                          float("-inf"))
-    _, _, _, _, token = scan_chunk(row_ptr, mask_row_ptr, mask_on, 0, VOCAB, VOCAB, inv_temp, key, thr,
+    _, _, _, _, token, _, _ = scan_chunk(row_ptr, mask_row_ptr, mask_on, 0, VOCAB, VOCAB, inv_temp, key, thr,
                                    min_score, True, BLOCK, HAS_BITMASK)
     return token
 

@@ -662,7 +662,8 @@ def test_split_bitmask_drafts_and_logprobs():
 
 
 def test_workspace_reused_across_batch_sizes_and_stale_contents():
-    """One preallocated workspace serves every grid bound; whatever it held before is never read."""
+    """One preallocated workspace serves every grid bound; whatever it held before is never read
+    (but the counters, which every launch leaves at zero)."""
     rs = np.random.default_rng(23)
     kinds = ["greedy", "combined", "temperature", "top_k", "greedy", "min_p"]
     b = split_batch(rs, [random_params(rs, k) for k in kinds], counts=[2, 1, 2, 1, 2, 1])
@@ -670,23 +671,28 @@ def test_workspace_reused_across_batch_sizes_and_stale_contents():
     assert (ws.max_num_reqs, ws.max_num_logits_per_req, ws.num_splits) == (8, 2, 5)
     want = run_ref(b, M=2, vocab_size=SV)
     for n, bound in [(6, 8), (3, 4)]:
-        ws.partials.random_(-2**31, 2**31 - 1)
+        for section in (ws.partials, ws.state, ws.pool):
+            section.random_(-2**31, 2**31 - 1)
         head = Batch(b.logits[:int(b.cu[n])], b.params[:n], b.counts[:n], b.seq_lens[:n],
                      b.slots[:n])
         records, layout = run_kernel(head, M=2, vocab_size=SV, max_num_reqs=bound,
                                      block_size=32, workspace=ws)
         assert_same(records, layout, {k: v[:n] for k, v in want.items()})
+        assert (ws.counters == 0).all()
 
 
 def test_default_chunks_depend_on_the_vocabulary_only():
     ws = sampler.SamplerWorkspace.allocate(4, 2, 152064, "cpu")
     assert (ws.chunk_size, ws.num_splits) == (8192, 19)
+    assert ws.pool_size == 4096  # 19 chunks of ~192 candidates
     ws = sampler.SamplerWorkspace.allocate(1, 1, V, "cpu")
-    assert (ws.chunk_size, ws.num_splits) == (256, 1)
-    assert tuple(ws.partials.shape) == (1, 1, 5, 1)
+    assert (ws.chunk_size, ws.num_splits, ws.pool_size) == (256, 1, 256)
+    assert ws.partials.numel() == sampler.NUM_PART.value * 1
     for bad in (48, 8, 0):
         with pytest.raises(ValueError, match="chunk_size"):
             sampler.SamplerWorkspace.allocate(1, 1, V, "cpu", chunk_size=bad)
+        with pytest.raises(ValueError, match="pool_size"):
+            sampler.SamplerWorkspace.allocate(1, 1, V, "cpu", pool_size=bad)
     with pytest.raises(ValueError, match="max_num_reqs"):
         sampler.SamplerWorkspace.allocate(-1, 1, V, "cpu")
 
@@ -716,11 +722,12 @@ def test_one_compiled_kernel_pair_serves_every_batch_size(monkeypatch):
                        seq_lens=i32(np.zeros(max_reqs), "cpu"), tables=tables,
                        layout=RecordLayout(2, 3), records=records, max_num_reqs=bound,
                        draft_tokens=i32(np.zeros(rows_max), "cpu"), workspace=ws)
-    assert set(keys) == {sampler._sample_partials_kernel, sampler._sample_kernel}
+    assert set(keys) == {sampler._scan_kernel, sampler._verify_kernel, sampler._finish_kernel}
     for kernel, ks in keys.items():
         assert len(ks) == 4 and len(set(ks)) == 1, kernel
-    assert grids[sampler._sample_partials_kernel] == [(b, 4) for b in bounds]
-    assert grids[sampler._sample_kernel] == [(b,) for b in bounds]
+    assert grids[sampler._scan_kernel] == [(2 * b, 4) for b in bounds]
+    assert grids[sampler._verify_kernel] == [(2 * b, 4) for b in bounds]
+    assert grids[sampler._finish_kernel] == [(b,) for b in bounds]
 
 
 def _valid_args(**over):
@@ -763,3 +770,112 @@ def _valid_args(**over):
 def test_launcher_rejects_bad_inputs(logits, over, exc, match):
     with pytest.raises(exc, match=match):
         sampler.sample(logits, **_valid_args(**over))
+
+
+# --------------------------------------------------------------------------- adversarial rows
+# A vocabulary of several 512-column chunks folded into 128 lanes each, so capture floors sit
+# inside every chunk as they do at full size; a small pool forces the verify and whole-row paths.
+
+AV, APV, A_CHUNK, A_BLOCK = 2000, 2048, 512, 128
+ROW_KINDS = ("flat", "peaked", "equal", "ties_at_threshold", "single_finite", "nan_row",
+             "some_nan", "one_allowed", "two_allowed", "all_neg_inf")
+
+
+def adversarial_row(rs, kind: str, vocab=AV, padded=APV):
+    """(logits [padded] fp32, allowed token ids or None for no bitmask)."""
+    x = (rs.standard_normal(padded) * 3).astype(np.float32)
+    x[vocab:] = 1.0e4  # padding: never sampled
+    allowed = None
+    if kind == "peaked":
+        x[rs.integers(0, vocab)] += 20.0
+    elif kind == "equal":
+        x[:vocab] = np.float32(rs.normal())
+    elif kind == "ties_at_threshold":
+        # 40 distinct large values, then over a thousand exact ties, everything else far below:
+        # top-k 50 and most top-p thresholds land on the tie.
+        tie = np.float32(2.0)
+        x[:vocab] = tie - 8.0 - rs.random(vocab).astype(np.float32)
+        ids = rs.permutation(vocab)
+        x[ids[:40]] = tie + 1.0 + rs.random(40).astype(np.float32)
+        x[ids[40:40 + int(rs.integers(1000, vocab - 100))]] = tie
+    elif kind == "single_finite":
+        x[:vocab] = -np.inf
+        x[rs.integers(0, vocab)] = np.float32(rs.normal())
+    elif kind == "nan_row":
+        x[:vocab] = np.nan
+    elif kind == "some_nan":
+        x[rs.choice(vocab, 5, replace=False)] = np.nan
+    elif kind == "one_allowed":
+        allowed = [int(rs.integers(0, vocab))]
+    elif kind == "two_allowed":
+        allowed = [int(t) for t in rs.choice(vocab, 2, replace=False)]
+    elif kind == "all_neg_inf":
+        x[:vocab] = -np.inf
+    return x, allowed
+
+
+def adversarial_params(rs, vocab=AV) -> SamplingParams:
+    temperature = float(rs.choice([0.0, 1e-30, 0.3, 0.8, 1.0, 7.0, 1e30]))
+    return SamplingParams(
+        temperature=temperature,
+        top_k=int(rs.choice([0, 1, 2, 50, 128, 300, vocab - 1, vocab, vocab + 5])),
+        top_p=float(rs.choice([1e-6, 0.3, 0.9, 1 - 1e-6, 1.0])),
+        min_p=float(rs.choice([0.0, 0.0, 0.05, 1.0])),
+        seed=int(rs.integers(0, 2**63)), num_logprobs=int(rs.choice([0, 1, 3])))
+
+
+def adversarial_batch(rs, kinds, vocab=AV, padded=APV) -> Batch:
+    rows = [adversarial_row(rs, k, vocab, padded) for k in kinds]
+    b = make_batch(rs, [adversarial_params(rs, vocab) for _ in kinds])
+    b.logits = torch.from_numpy(np.stack([r for r, _ in rows]))
+    if any(a is not None for _, a in rows):
+        b.bitmask = full_bitmask(len(kinds), vocab)
+        for i, (_, a) in enumerate(rows):
+            if a is not None:
+                set_allowed(b.bitmask[i], a)
+        b.bitmask_rows = np.arange(len(kinds), dtype=np.int32)
+    return b
+
+
+def run_adversarial(b: Batch, pool_size=None, vocab=AV, chunk=A_CHUNK, block=A_BLOCK):
+    ws = sampler.SamplerWorkspace.allocate(len(b.params), 1, vocab, DEVICE, chunk_size=chunk,
+                                           pool_size=pool_size)
+    records, layout = run_kernel(b, K=3, vocab_size=vocab, block_size=block, workspace=ws)
+    assert_same(records, layout, run_ref(b, K=3, vocab_size=vocab))
+    return ws.paths()
+
+
+@pytest.mark.parametrize("kind", ROW_KINDS)
+def test_adversarial_rows_match_reference(kind):
+    rs = np.random.default_rng(sum(map(ord, kind)))
+    for pool_size in (None, 16):
+        run_adversarial(adversarial_batch(rs, [kind] * 4), pool_size=pool_size)
+
+
+@settings(max_examples=12, deadline=None)
+@given(seed=st.integers(0, 2**32 - 1), small_pool=st.booleans())
+def test_adversarial_batches_match_reference(seed, small_pool):
+    rs = np.random.default_rng(seed)
+    kinds = [str(k) for k in rs.choice(ROW_KINDS, size=3)]
+    run_adversarial(adversarial_batch(rs, kinds), pool_size=16 if small_pool else None)
+
+
+def test_every_path_settles_rows_exactly():
+    """Rows settled from the pool, by verifying the unfiltered winner, and by the whole-row
+    fallback all equal the reference; the counters show each path ran."""
+    rs = np.random.default_rng(30)
+    # Candidates: top-k 50 + top-p over flat rows.
+    b = adversarial_batch(rs, ["flat"] * 4)
+    b.params = [SamplingParams(temperature=0.8, top_k=50, top_p=0.9, seed=i, num_logprobs=3)
+                for i in range(4)]
+    assert run_adversarial(b) == {"draw_fallback": 0, "logprobs_fallback": 0, "verified": 0}
+    # Verify: a pool too small for the nucleus of top-p 0.999 over flat rows, temperature 2.
+    b = adversarial_batch(rs, ["flat"] * 4)
+    b.params = [SamplingParams(temperature=2.0, top_p=0.999, seed=i) for i in range(4)]
+    assert run_adversarial(b, pool_size=16)["verified"] > 0
+    # Whole-row fallback: top-k 50 on exact ties overflowing a small pool.
+    b = adversarial_batch(rs, ["ties_at_threshold"] * 4)
+    b.params = [SamplingParams(temperature=1.0, top_k=50, seed=i, num_logprobs=2)
+                for i in range(4)]
+    paths = run_adversarial(b, pool_size=16)
+    assert paths["draw_fallback"] == 4 and paths["logprobs_fallback"] == 4

@@ -1,0 +1,193 @@
+"""graphshard's tp = 1 step against the PyTorch sort sampler, same logits, same modes, one run.
+
+Usage: python3 -m benchmarks.bench_sampling [--out sampling.json] [--shapes 152064:float32,...]
+       [--modes greedy,top_k_top_p,...] [--batches 1,8,32,256,1024] [--iters 30]
+
+Per (shape, mode, batch), on one GPU:
+  graphshard        Engine (tp = 1, CUDA graphs, logits written into engine.inputs.logits),
+                    back-to-back steps each ending with the host read of sampled_token_ids:
+                    `step_us` is the median time per loop iteration, `issue_us` the median
+                    return from step(); `sampler_gpu_us` is the sampler alone (CUDA events
+                    around a graph of 10 calls, median per call); `slow_paths` counts the rows
+                    that were not settled from their candidates during the timed calls.
+  torch_sort_eager  TorchSortSampler run eagerly, the same loop with the host read.
+  torch_sort_graph  the same sampler captured in one CUDA graph, replayed in the loop.
+Writes a list of rows (keys mode, batch, vocab, dtype, path, step_us, ...) to --out and prints
+a table.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+
+import numpy as np
+import torch
+
+from benchmarks.sampling_modes import (BATCHES, MAX_LOGPROBS, MODES, SHAPES, TorchSortSampler,
+                                       make_logits)
+from benchmarks.timing import graph_of, replay_us
+from graphshard.config import Config
+from graphshard.engine import Engine
+from graphshard.params import SlotTables
+from graphshard.records import RecordLayout
+from graphshard.sampler import SamplerWorkspace, sample
+
+
+def loop_us(step, iters: int, warmup: int = 5) -> dict:
+    """Back-to-back iterations of `step` (which ends with a host read): median and p90 per
+    iteration, and the median time `step` reported as its issue time (if it returns one)."""
+    for _ in range(warmup):
+        step()
+    torch.cuda.synchronize()
+    marks, issues = [time.perf_counter()], []
+    for _ in range(iters):
+        issue = step()
+        marks.append(time.perf_counter())
+        if issue is not None:
+            issues.append(issue)
+    per = np.diff(marks) * 1e6
+    return {"step_us": float(np.median(per)), "step_p90_us": float(np.percentile(per, 90)),
+            "issue_us": float(np.median(issues)) * 1e6 if issues else None}
+
+
+def sampler_alone(logits, batch, vocab, params, device) -> tuple[float, dict]:
+    """GPU µs per sampler call (graph of 10 calls, events) and the rows that took the slower
+    paths during the timed calls (`SamplerWorkspace.paths`)."""
+    layout = RecordLayout(1, MAX_LOGPROBS)
+    tables = SlotTables(batch, device)
+    for slot in range(batch):
+        tables.set(slot, params)
+    records = torch.zeros(batch, layout.width, dtype=torch.int32, device=device)
+    idx = torch.arange(batch, dtype=torch.int32, device=device)
+    cu = torch.arange(batch + 1, dtype=torch.int32, device=device)
+    n = torch.tensor([batch], dtype=torch.int32, device=device)
+    lens = torch.full((batch,), 100, dtype=torch.int32, device=device)
+    ws = SamplerWorkspace.allocate(batch, 1, vocab, device)
+
+    def call():
+        sample(logits, vocab_size=vocab, num_reqs=n, req_slots=idx, cu_num_logits=cu, seq_lens=lens,
+               tables=tables, layout=layout, records=records, max_num_reqs=batch, workspace=ws)
+
+    graph = graph_of(call, 10)
+    before = ws.paths()
+    stats = replay_us(graph, 10, trials=10)
+    after = ws.paths()
+    return stats["median_us"], {k: after[k] - before[k] for k in after}
+
+
+def run_shape(vocab: int, dtype: torch.dtype, modes, batches, iters: int, device) -> list[dict]:
+    max_batch = max(batches)
+    cfg = Config(vocab_size=vocab, max_num_reqs=max_batch, max_num_slots=max_batch,
+                 logits_dtype=str(dtype).removeprefix("torch."), buckets=tuple(sorted(batches)),
+                 graph_backend="cuda", num_logprobs=MAX_LOGPROBS)
+    engine = Engine(cfg, device=device)
+    for slot in range(max_batch):
+        engine.add_request(slot, MODES["greedy"])
+    engine.capture()
+    logits = make_logits(max_batch, engine.vocab, dtype, device)
+    engine.inputs.logits[:max_batch].copy_(logits)
+    rows = []
+    for mode in modes:
+        params = MODES[mode]
+        for slot in range(max_batch):
+            engine.add_request(slot, params)
+        for batch in batches:
+            idx = np.arange(batch, dtype=np.int32)
+            cu = np.arange(batch + 1, dtype=np.int32)
+            lens = np.full(batch, 100, dtype=np.int32)
+            view = engine.inputs.logits[:batch]
+
+            def gs_step():
+                t0 = time.perf_counter()
+                out = engine.step(idx, cu, lens, view)
+                t1 = time.perf_counter()
+                out.sampled_token_ids.cpu()
+                engine.raise_if_failed()
+                return t1 - t0
+
+            common = dict(mode=mode, batch=batch, vocab=vocab, dtype=cfg.logits_dtype)
+            gpu_us, slow_paths = sampler_alone(view, batch, vocab, params, device)
+            rows.append(dict(common, path="graphshard", sampler_gpu_us=gpu_us,
+                             slow_paths=slow_paths, **loop_us(gs_step, iters)))
+            base = TorchSortSampler(params, logits[:batch, :vocab])
+            rows.append(dict(common, path="torch_sort_eager",
+                             **loop_us(lambda: _read(base.step()), iters)))
+            graph, tokens = captured(base.step)
+            rows.append(dict(common, path="torch_sort_graph",
+                             **loop_us(lambda: _read(graph.replay(), tokens), iters)))
+            print(_line(rows[-3:]), flush=True)
+    engine.close()
+    return rows
+
+
+def _read(*tensors) -> None:
+    """The host read that ends a decode-loop iteration (None entries are skipped)."""
+    for t in tensors:
+        if t is not None:
+            t.cpu()
+
+
+def captured(fn):
+    """(graph, its output): `fn` captured in a CUDA graph after a warm-up on a side stream."""
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        for _ in range(3):
+            fn()
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = fn()
+    torch.cuda.synchronize()
+    return graph, out
+
+
+def _line(rows: list[dict]) -> str:
+    r = rows[0]
+    cells = " ".join(f"{x['path']}={x['step_us']:.0f}" for x in rows)
+    gpu = f" sampler_gpu={r['sampler_gpu_us']:.1f} slow_paths={r['slow_paths']}" \
+        if "sampler_gpu_us" in r else ""
+    return f"{r['vocab']} {r['dtype']} {r['mode']:>24} b={r['batch']:<5} {cells}{gpu}"
+
+
+def table(rows: list[dict]) -> str:
+    """Markdown: one line per (shape, mode, batch) with the three paths and the ratios."""
+    cells = {}
+    for r in rows:
+        cells.setdefault((r["vocab"], r["dtype"], r["mode"], r["batch"]), {})[r["path"]] = r
+    out = ["| vocab | dtype | mode | batch | graphshard step µs | sampler GPU µs | sort eager µs | "
+           "sort graph µs | vs eager | vs graph |", "| --- | --- | --- | ---: | ---: | ---: | ---: | "
+           "---: | ---: | ---: |"]
+    for (vocab, dtype, mode, batch), c in cells.items():
+        g, e, h = c["graphshard"], c["torch_sort_eager"], c["torch_sort_graph"]
+        out.append(f"| {vocab} | {dtype} | {mode} | {batch} | {g['step_us']:.0f} | "
+                   f"{g['sampler_gpu_us']:.1f} | {e['step_us']:.0f} | {h['step_us']:.0f} | "
+                   f"{e['step_us'] / g['step_us']:.1f}x | {h['step_us'] / g['step_us']:.1f}x |")
+    return "\n".join(out)
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", default="sampling.json")
+    parser.add_argument("--shapes", default=",".join(f"{v}:{str(d).removeprefix('torch.')}"
+                                                     for v, d in SHAPES))
+    parser.add_argument("--modes", default=",".join(MODES))
+    parser.add_argument("--batches", default=",".join(map(str, BATCHES)))
+    parser.add_argument("--iters", type=int, default=30)
+    args = parser.parse_args(argv)
+    device = torch.device("cuda", 0)
+    rows = []
+    for spec in args.shapes.split(","):
+        vocab, dtype = spec.split(":")
+        rows += run_shape(int(vocab), getattr(torch, dtype), args.modes.split(","),
+                          [int(b) for b in args.batches.split(",")], args.iters, device)
+        torch.cuda.empty_cache()
+    with open(args.out, "w") as f:
+        json.dump(rows, f, indent=1)
+    print(table(rows))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,75 @@
+"""Sampling settings the sampler benchmarks run, and the PyTorch sort sampler they compare with.
+
+`MODES` maps a mode name to its `SamplingParams` (temperature 0.8 unless greedy; the settings
+chat deployments use). `SHAPES` are the (vocabulary, logits dtype) pairs reported. Logits are
+`randn * 3`, drawn once per shape.
+
+`TorchSortSampler` is the baseline: the plain PyTorch sampler an engine falls back to without a
+dedicated kernel library (one ascending sort per row, the top-k threshold by gather, top-p by
+softmax + cumsum over the sorted row, scatter back, softmax, exponential race; min-p against the
+max probability; logprobs by log_softmax + topk). It is a baseline, not graphshard API: it does
+not reproduce graphshard's random draws, only its cost.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from graphshard.params import SamplingParams
+
+TEMPERATURE = 0.8
+MODES: dict[str, SamplingParams] = {
+    "greedy": SamplingParams(temperature=0.0),
+    "temperature": SamplingParams(temperature=TEMPERATURE, seed=1),
+    "top_k": SamplingParams(temperature=TEMPERATURE, top_k=50, seed=2),
+    "top_p": SamplingParams(temperature=TEMPERATURE, top_p=0.9, seed=3),
+    "top_k_top_p": SamplingParams(temperature=TEMPERATURE, top_k=50, top_p=0.9, seed=4),
+    "min_p": SamplingParams(temperature=TEMPERATURE, min_p=0.05, seed=5),
+    "logprobs_5": SamplingParams(temperature=0.0, num_logprobs=5),
+    "logprobs_20": SamplingParams(temperature=0.0, num_logprobs=20),
+    "top_k_top_p_logprobs_5": SamplingParams(temperature=TEMPERATURE, top_k=50, top_p=0.9, seed=6,
+                                             num_logprobs=5),
+}
+SHAPES = ((152064, torch.float32), (128256, torch.bfloat16), (32000, torch.bfloat16))
+BATCHES = (1, 8, 32, 256, 1024)
+MAX_LOGPROBS = 20
+
+
+def make_logits(rows: int, vocab: int, dtype: torch.dtype, device, seed: int = 0) -> torch.Tensor:
+    gen = torch.Generator(device=device).manual_seed(seed)
+    return (torch.randn(rows, vocab, device=device, generator=gen) * 3).to(dtype)
+
+
+class TorchSortSampler:
+    """One mode's PyTorch sort sampler over `logits` [batch, vocab]; `step()` returns the tokens
+    (and leaves logprobs in `self.logprobs`). Allocation-free after the first call only as far
+    as PyTorch's caching allocator makes it, which is what such a sampler costs in practice."""
+
+    def __init__(self, params: SamplingParams, logits: torch.Tensor):
+        self.p, self.logits = params, logits
+
+    def step(self) -> torch.Tensor:
+        p, x = self.p, self.logits.float()
+        if p.num_logprobs:
+            lp = torch.log_softmax(x, dim=-1)
+            self.logprobs = lp.topk(p.num_logprobs, dim=-1)
+        if p.temperature == 0.0:
+            return x.argmax(dim=-1)
+        x = x / p.temperature
+        if p.top_k > 0 or p.top_p < 1.0:
+            srt, order = x.sort(dim=-1, descending=False)
+            if p.top_k > 0:
+                kth = srt[:, -p.top_k].unsqueeze(1)
+                srt = srt.masked_fill(srt < kth, float("-inf"))
+            if p.top_p < 1.0:
+                cum = srt.softmax(dim=-1).cumsum(dim=-1)
+                drop = cum <= 1.0 - p.top_p
+                drop[:, -1] = False
+                srt = srt.masked_fill(drop, float("-inf"))
+            x = torch.empty_like(srt).scatter_(-1, order, srt)
+        probs = x.softmax(dim=-1)
+        if p.min_p > 0.0:
+            top = probs.amax(dim=-1, keepdim=True)
+            probs = probs.masked_fill(probs < p.min_p * top, 0.0)
+        race = torch.empty_like(probs).exponential_()
+        return (probs / race).argmax(dim=-1)
