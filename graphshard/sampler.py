@@ -95,6 +95,7 @@ CHUNK_TOP = 128
 POOL_PER_SPLIT = 192
 MAX_POOL = 8192
 
+SLOT_ROW = tl.constexpr(SLOT_WIDTH)
 # Per (row, chunk) results, int32 (floats as bits): part[row, field, split].
 NUM_PART = tl.constexpr(13)
 P_NAN = tl.constexpr(0)  # 1 if the chunk holds a NaN
@@ -151,7 +152,7 @@ def _request(num_reqs_ptr, req_slots_ptr, cu_num_logits_ptr, seq_lens_ptr, req, 
 def _slot_params(slots_ptr, slot, VOCAB: tl.constexpr, K: tl.constexpr):
     """One slot's row of the packed table -> (temperature, 1 / temperature (1 when greedy),
     top_k, top_p, min_p, seed_lo, seed_hi, logprobs wanted (<= K), random, filtered)."""
-    row = slots_ptr + slot * SLOT_WIDTH
+    row = slots_ptr + slot * SLOT_ROW
     temperature = tl.load(row).to(tl.float32, bitcast=True)
     top_k = tl.load(row + 1)
     top_p = tl.load(row + 2).to(tl.float32, bitcast=True)
@@ -271,7 +272,7 @@ def _resolve(part, state, count, pool_x, pool_id, rec_ptr, row_ptr, r, key, inv_
     norm = tl.full((), 0.0, tl.float32)
     if is_random:
         # No finite score: every chunk reports (-inf, 0), so the winner is token 0.
-        _, token = _combine_max(part, P_MAX_Z, P_ARG_Z, SPLITS, SPLITS_P)
+        token = _combine_max(part, P_MAX_Z, P_ARG_Z, SPLITS, SPLITS_P)[1]
         if filtered & (max_s > float("-inf")):
             todo, norm, token = _resolve_filtered(part, state, pool_x, pool_id, n_cand, whole,
                                                   row_ptr, token, key, inv_temp, max_s, top_k,
@@ -317,8 +318,8 @@ def _resolve_filtered(part, state, pool_x, pool_id, n_cand, whole, row_ptr, w0, 
         norm = mass_above(pool_x, pool_id, n_cand, inv_temp, max_s, thr, CAP, TILE)
     ok = k_ok
     if use_top_p & k_ok:
-        t_p, _ = search_pool(pool_x, pool_id, n_cand, inv_temp, max_s, thr, top_p * norm, True,
-                             CAP, TILE, RADIX_BITS)
+        t_p = search_pool(pool_x, pool_id, n_cand, inv_temp, max_s, thr, top_p * norm, True,
+                          CAP, TILE, RADIX_BITS)[0]
         ok = t_p > below
         thr = tl.maximum(thr, t_p)
     t_m = max_s + tl.log(tl.where(min_p > 0.0, min_p, 1.0))
@@ -327,7 +328,7 @@ def _resolve_filtered(part, state, pool_x, pool_id, n_cand, whole, row_ptr, w0, 
     todo = tl.full((), 0, tl.int32)
     token = w0
     if ok:
-        _, token = draw_pool(pool_x, pool_id, n_cand, inv_temp, thr, key, CAP, TILE)
+        token = draw_pool(pool_x, pool_id, n_cand, inv_temp, thr, key, CAP, TILE)[1]
     elif small_k:
         todo = todo | TODO_DRAW  # such rows skip the unfiltered winner
     else:
@@ -406,7 +407,7 @@ def _scan_kernel(
     if live & (r < m):
         split = tl.program_id(1)
         row = first_row + r
-        (_, inv_temp, top_k, top_p, min_p, seed_lo, seed_hi, num_logprobs, is_random,
+        (temperature, inv_temp, top_k, top_p, min_p, seed_lo, seed_hi, num_logprobs, is_random,
          filtered) = _slot_params(slots_ptr, slot, VOCAB, K)
         small_k = filtered & (top_k > 0) & (top_k <= TOP)
         # The unfiltered winner: the draw of an unfiltered row, the candidate of a filtered one.
@@ -476,13 +477,13 @@ def _sweep(row_ptr, mask_row_ptr, mask_on, lo, ws_ptr, row_id, inv_temp, floor_s
            HAS_BITMASK: tl.constexpr):
     """Second pass over a chunk (from L2): capture the tokens at or above the floors into the
     row's pool, and the softmax sums relative to the chunk maxima -> (sum_s, sum_r)."""
-    _, _, count, pool_x, pool_id, _ = _workspace(ws_ptr, row_id, ROWS, SPLITS, CAP)
+    count, pool_x, pool_id = _workspace(ws_ptr, row_id, ROWS, SPLITS, CAP)[2:5]
     lanes = tl.arange(0, BLOCK)
     acc_s = tl.zeros([BLOCK], tl.float32)
     acc_r = tl.zeros([BLOCK], tl.float32)
     for start in range(0, CHUNK, BLOCK):
         offs = lo + start + lanes
-        x, _, raw, allowed = load_masked(row_ptr, mask_row_ptr, mask_on, offs, VOCAB, HAS_BITMASK)
+        x, nan, raw, allowed = load_masked(row_ptr, mask_row_ptr, mask_on, offs, VOCAB, HAS_BITMASK)
         finite = raw > float("-inf")
         take = finite & ((allowed & (raw >= floor_s)) | (raw >= floor_r))
         capture(pool_x, pool_id, count + C_POOL, raw, allowed, offs, take, CAP)
@@ -508,15 +509,15 @@ def _verify_kernel(
     row_id = tl.program_id(0)
     req = row_id // M
     r = row_id % M
-    live, slot, first_row, m, _ = _request(num_reqs_ptr, req_slots_ptr, cu_num_logits_ptr,
-                                           seq_lens_ptr, req, M)
-    part, state, count, _, _, stats = _workspace(ws_ptr, row_id, ROWS, SPLITS, CAP)
+    live, slot, first_row, m, seq_len = _request(num_reqs_ptr, req_slots_ptr, cu_num_logits_ptr,
+                                                 seq_lens_ptr, req, M)
+    part, state, count, pool_x, pool_id, stats = _workspace(ws_ptr, row_id, ROWS, SPLITS, CAP)
     todo = tl.load(state + S_TODO, mask=live & (r < m), other=0)
     if (todo & (TODO_VERIFY | TODO_RANK)) != 0:
         split = tl.program_id(1)
         row = first_row + r
-        (_, inv_temp, top_k, top_p, _, _, _, num_logprobs, _, _) = _slot_params(slots_ptr, slot,
-                                                                               VOCAB, K)
+        (temperature, inv_temp, top_k, top_p, min_p, seed_lo, seed_hi, num_logprobs, is_random,
+         filtered) = _slot_params(slots_ptr, slot, VOCAB, K)
         mask_row_ptr, mask_on = _bitmask_row(bitmask_ptr, bitmask_stride, bitmask_rows_ptr,
                                              bitmask_on_ptr, row, HAS_BITMASK, HAS_BITMASK_FLAG)
         row_ptr = logits_ptr + row.to(tl.int64) * logits_stride
@@ -531,7 +532,8 @@ def _verify_kernel(
         cnt_r = tl.zeros([BLOCK], tl.int32)
         for start in range(0, CHUNK, BLOCK):
             offs = split * CHUNK + start + lanes
-            x, _, raw, _ = load_masked(row_ptr, mask_row_ptr, mask_on, offs, VOCAB, HAS_BITMASK)
+            x, nan, raw, allowed = load_masked(row_ptr, mask_row_ptr, mask_on, offs, VOCAB,
+                                               HAS_BITMASK)
             s = x * inv_temp
             above = (x > float("-inf")) & (s > v_s)
             cnt_s += above.to(tl.int32)
@@ -581,9 +583,9 @@ def _finish_kernel(
     live, slot, first_row, m, seq_len = _request(num_reqs_ptr, req_slots_ptr, cu_num_logits_ptr,
                                                  seq_lens_ptr, req, M)
     if live:
-        (_, inv_temp, top_k, top_p, min_p, seed_lo, seed_hi, num_logprobs, _,
-         _) = _slot_params(slots_ptr, slot, VOCAB, K)
-        _, _, _, _, _, stats = _workspace(ws_ptr, req * M, ROWS, SPLITS, CAP)
+        (temperature, inv_temp, top_k, top_p, min_p, seed_lo, seed_hi, num_logprobs, is_random,
+         filtered) = _slot_params(slots_ptr, slot, VOCAB, K)
+        stats = _workspace(ws_ptr, req * M, ROWS, SPLITS, CAP)[5]
         row_ids = tl.arange(0, M_P)
         samples = tl.full([M_P], -1, tl.int32)
         accepted = m - 1
@@ -592,7 +594,7 @@ def _finish_kernel(
         for r in range(0, M):
             if r < m:
                 row = first_row + r
-                _, state, _, _, _, _ = _workspace(ws_ptr, req * M + r, ROWS, SPLITS, CAP)
+                state = _workspace(ws_ptr, req * M + r, ROWS, SPLITS, CAP)[1]
                 token = tl.load(state + S_TOKEN)
                 num_nans += tl.load(state + S_NAN)
                 # Past the first rejection nothing more is owed.
@@ -623,7 +625,7 @@ def _finish_kernel(
             for r in range(0, M):
                 empty = tl.full([K_P], -1, tl.int32)
                 if (r <= accepted) & (num_logprobs > 0):
-                    _, state, _, _, _, _ = _workspace(ws_ptr, req * M + r, ROWS, SPLITS, CAP)
+                    state = _workspace(ws_ptr, req * M + r, ROWS, SPLITS, CAP)[1]
                     if (tl.load(state + S_TODO) & (TODO_DRAW | TODO_LOGPROBS)) != 0:
                         row_ptr = logits_ptr + (first_row + r).to(tl.int64) * logits_stride
                         token = tl.sum(tl.where(row_ids == r, samples, 0), axis=0)
