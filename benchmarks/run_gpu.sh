@@ -1,9 +1,11 @@
 #!/usr/bin/env bash
 # Every GPU test and the benchmark sweep in one call; results land under $OUT (default ./out).
-# Usage: bash benchmarks/run_gpu.sh [tests|reliability|bench|exchange|profile|sweep|all]...
-# (default: all; "tests" runs tests/gpu except the long reliability run, "reliability" runs it)
-# Files: machine.txt, run.log (everything printed), bench.json, exchange.json, gpu_report.jsonl,
-# sweep/sweep.{json,md,png}.
+# Usage: bash benchmarks/run_gpu.sh [kernels|sampling|tests|reliability|bench|exchange|profile|sweep|all]...
+# (default: all; "kernels" runs the sampler tests compiled on one GPU, "sampling" the sampler
+# benchmark against the PyTorch sort sampler, "tests" runs tests/gpu except the long reliability
+# run, "reliability" runs it)
+# Files: machine.txt, run.log (everything printed), sampling.json, bench.json, exchange.json,
+# gpu_report.jsonl, sweep/sweep.{json,md,png}.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 PYTHONUNBUFFERED=1
@@ -20,7 +22,15 @@ status=0
 } > "$OUT/machine.txt" 2>&1
 cat "$OUT/machine.txt"
 # Budgets in seconds (one device call may run 10 minutes in all).
-T_TESTS=${T_TESTS:-300} T_RELIABILITY=${T_RELIABILITY:-420} T_BENCH=${T_BENCH:-90} T_SWEEP=${T_SWEEP:-240} T_PROFILE=${T_PROFILE:-120}
+T_KERNELS=${T_KERNELS:-240} T_SAMPLING=${T_SAMPLING:-300} T_TESTS=${T_TESTS:-300} T_RELIABILITY=${T_RELIABILITY:-420} T_BENCH=${T_BENCH:-90} T_SWEEP=${T_SWEEP:-240} T_PROFILE=${T_PROFILE:-120}
+if want kernels; then
+  echo "== sampler tests, compiled" | tee -a "$log"
+  timeout "$T_KERNELS" python3 -m pytest -q -rs -x --timeout=200 ${KERNEL_ARGS:-tests/gpu/test_sampler_gpu.py tests/gpu/test_kernels_gpu.py tests/test_sampler.py} 2>&1 | tee -a "$log" || status=1
+fi
+if want sampling; then
+  echo "== sampling benchmark (tp = 1) against the PyTorch sort sampler" | tee -a "$log"
+  timeout "$T_SAMPLING" python3 -m benchmarks.bench_sampling --out "$OUT/sampling.json" ${SAMPLING_ARGS:-} 2>&1 | tee -a "$log" || status=1
+fi
 if want tests; then
   echo "== tests/gpu" | tee -a "$log"
   timeout "$T_TESTS" python3 -m pytest -q -rs --timeout=150 ${TEST_ARGS:-tests/gpu --ignore=tests/gpu/test_reliability_gpu.py} 2>&1 | tee -a "$log" || status=1

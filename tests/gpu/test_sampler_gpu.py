@@ -1,0 +1,48 @@
+"""The sampler at full vocabulary on a GPU: benchmark settings settle from their candidates, and
+adversarial rows equal the float64 reference whichever path settles them."""
+
+import numpy as np
+import pytest
+import torch
+
+from graphshard import sampler
+from graphshard.params import SamplingParams
+from tests.test_sampler import ROW_KINDS, adversarial_batch, make_batch, run_kernel, run_ref, \
+    assert_same
+
+pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+
+V, PV = 152064, 152064
+SETTINGS = {
+    "temperature": SamplingParams(temperature=0.8, seed=1),
+    "top_k": SamplingParams(temperature=0.8, top_k=50, seed=2),
+    "top_p": SamplingParams(temperature=0.8, top_p=0.9, seed=3),
+    "top_k_top_p": SamplingParams(temperature=0.8, top_k=50, top_p=0.9, seed=4),
+    "min_p": SamplingParams(temperature=0.8, min_p=0.05, seed=5),
+    "greedy_logprobs_20": SamplingParams(temperature=0.0, num_logprobs=20),
+    "top_k_top_p_logprobs_5": SamplingParams(temperature=0.8, top_k=50, top_p=0.9, seed=6,
+                                             num_logprobs=5),
+}
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("name", list(SETTINGS))
+def test_benchmark_settings_settle_from_candidates(name, dtype):
+    rs = np.random.default_rng(len(name))
+    n = 48
+    b = make_batch(rs, [SETTINGS[name]] * n, dtype=dtype)
+    b.logits = (torch.from_numpy(rs.standard_normal((n, PV)).astype(np.float32)) * 3).to(dtype)
+    ws = sampler.SamplerWorkspace.allocate(n, 1, V, "cuda")
+    records, layout = run_kernel(b, K=20, vocab_size=V, block_size=None, workspace=ws)
+    assert_same(records, layout, run_ref(b, K=20, vocab_size=V))
+    assert ws.paths() == {"draw_fallback": 0, "logprobs_fallback": 0, "verified": 0}
+
+
+@pytest.mark.parametrize("kind", ROW_KINDS)
+def test_adversarial_rows_full_vocabulary(kind):
+    rs = np.random.default_rng(sum(map(ord, kind)))
+    for trial in range(3):
+        b = adversarial_batch(rs, [kind] * 6, vocab=V, padded=PV)
+        ws = sampler.SamplerWorkspace.allocate(6, 1, V, "cuda")
+        records, layout = run_kernel(b, K=3, vocab_size=V, block_size=None, workspace=ws)
+        assert_same(records, layout, run_ref(b, K=3, vocab_size=V))
