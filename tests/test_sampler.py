@@ -22,6 +22,7 @@ from graphshard.launch import specialization_key
 from graphshard.params import SamplingParams, SlotTables
 from graphshard.records import RecordLayout, unpack
 from graphshard.sampler_ref import sample_ref
+from graphshard.sampler_workspace import NUM_PART
 
 INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
 DEVICE = "cpu" if INTERPRET else "cuda"
@@ -663,7 +664,7 @@ def test_split_bitmask_drafts_and_logprobs():
 
 def test_workspace_reused_across_batch_sizes_and_stale_contents():
     """One preallocated workspace serves every grid bound; whatever it held before is never read
-    (but the counters, which every launch leaves at zero)."""
+    (but the pool fills, which every launch leaves at zero)."""
     rs = np.random.default_rng(23)
     kinds = ["greedy", "combined", "temperature", "top_k", "greedy", "min_p"]
     b = split_batch(rs, [random_params(rs, k) for k in kinds], counts=[2, 1, 2, 1, 2, 1])
@@ -671,23 +672,23 @@ def test_workspace_reused_across_batch_sizes_and_stale_contents():
     assert (ws.max_num_reqs, ws.max_num_logits_per_req, ws.num_splits) == (8, 2, 5)
     want = run_ref(b, M=2, vocab_size=SV)
     for n, bound in [(6, 8), (3, 4)]:
-        for section in (ws.partials, ws.state, ws.pool):
+        for section in (ws.partials, ws.pool):
             section.random_(-2**31, 2**31 - 1)
         head = Batch(b.logits[:int(b.cu[n])], b.params[:n], b.counts[:n], b.seq_lens[:n],
                      b.slots[:n])
         records, layout = run_kernel(head, M=2, vocab_size=SV, max_num_reqs=bound,
                                      block_size=32, workspace=ws)
         assert_same(records, layout, {k: v[:n] for k, v in want.items()})
-        assert (ws.counters == 0).all()
+        assert (ws.fill == 0).all()
 
 
 def test_default_chunks_depend_on_the_vocabulary_only():
     ws = sampler.SamplerWorkspace.allocate(4, 2, 152064, "cpu")
     assert (ws.chunk_size, ws.num_splits) == (8192, 19)
-    assert ws.pool_size == 4096  # 19 chunks of ~192 candidates
+    assert ws.pool_size == 8192  # 19 chunks of up to 384 candidates
     ws = sampler.SamplerWorkspace.allocate(1, 1, V, "cpu")
-    assert (ws.chunk_size, ws.num_splits, ws.pool_size) == (256, 1, 256)
-    assert ws.partials.numel() == sampler.NUM_PART.value * 1
+    assert (ws.chunk_size, ws.num_splits, ws.pool_size) == (256, 1, 512)
+    assert ws.partials.numel() == NUM_PART.value * 1
     for bad in (48, 8, 0):
         with pytest.raises(ValueError, match="chunk_size"):
             sampler.SamplerWorkspace.allocate(1, 1, V, "cpu", chunk_size=bad)
@@ -722,11 +723,10 @@ def test_one_compiled_kernel_pair_serves_every_batch_size(monkeypatch):
                        seq_lens=i32(np.zeros(max_reqs), "cpu"), tables=tables,
                        layout=RecordLayout(2, 3), records=records, max_num_reqs=bound,
                        draft_tokens=i32(np.zeros(rows_max), "cpu"), workspace=ws)
-    assert set(keys) == {sampler._scan_kernel, sampler._verify_kernel, sampler._finish_kernel}
+    assert set(keys) == {sampler._scan_kernel, sampler._finish_kernel}
     for kernel, ks in keys.items():
         assert len(ks) == 4 and len(set(ks)) == 1, kernel
     assert grids[sampler._scan_kernel] == [(2 * b, 4) for b in bounds]
-    assert grids[sampler._verify_kernel] == [(2 * b, 4) for b in bounds]
     assert grids[sampler._finish_kernel] == [(b,) for b in bounds]
 
 
@@ -868,11 +868,11 @@ def test_every_path_settles_rows_exactly():
     b = adversarial_batch(rs, ["flat"] * 4)
     b.params = [SamplingParams(temperature=0.8, top_k=50, top_p=0.9, seed=i, num_logprobs=3)
                 for i in range(4)]
-    assert run_adversarial(b) == {"draw_fallback": 0, "logprobs_fallback": 0, "verified": 0}
+    assert run_adversarial(b) == {"draw_fallback": 0, "logprobs_fallback": 0, "counted": 0}
     # Verify: a pool too small for the nucleus of top-p 0.999 over flat rows, temperature 2.
     b = adversarial_batch(rs, ["flat"] * 4)
     b.params = [SamplingParams(temperature=2.0, top_p=0.999, seed=i) for i in range(4)]
-    assert run_adversarial(b, pool_size=16)["verified"] > 0
+    assert run_adversarial(b, pool_size=16)["counted"] > 0
     # Whole-row fallback: top-k 50 on exact ties overflowing a small pool.
     b = adversarial_batch(rs, ["ties_at_threshold"] * 4)
     b.params = [SamplingParams(temperature=1.0, top_k=50, seed=i, num_logprobs=2)

@@ -35,7 +35,7 @@ def test_benchmark_settings_settle_from_candidates(name, dtype):
     ws = sampler.SamplerWorkspace.allocate(n, 1, V, "cuda")
     records, layout = run_kernel(b, K=20, vocab_size=V, block_size=None, workspace=ws)
     assert_same(records, layout, run_ref(b, K=20, vocab_size=V))
-    assert ws.paths() == {"draw_fallback": 0, "logprobs_fallback": 0, "verified": 0}
+    assert ws.paths() == {"draw_fallback": 0, "logprobs_fallback": 0, "counted": 0}
 
 
 @pytest.mark.parametrize("kind", ROW_KINDS)
