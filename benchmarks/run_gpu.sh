@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
 # Every GPU test and the benchmark sweep in one call; results land under $OUT (default ./out).
-# Usage: bash benchmarks/run_gpu.sh [tests|reliability|bench|exchange|profile|sweep|all]...
+# Usage: bash benchmarks/run_gpu.sh [tests|reliability|bench|exchange|profile|host|sweep|all]...
 # (default: all; "tests" runs tests/gpu except the long reliability run, "reliability" runs it)
 # Files: machine.txt, run.log (everything printed), bench.json, exchange.json, gpu_report.jsonl,
-# sweep/sweep.{json,md,png}.
+# sweep/loop.{json,md,png}, sweep/auto.json.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 PYTHONUNBUFFERED=1
@@ -43,6 +43,10 @@ fi
 if want profile; then
   echo "== step profile" | tee -a "$log"
   timeout "$T_PROFILE" python3 -m benchmarks.profile_step 2>&1 | tee -a "$log" || status=1
+fi
+if want host; then
+  echo "== host path microbenchmark" | tee -a "$log"
+  timeout "$T_PROFILE" python3 -m benchmarks.host_path 2>&1 | tee -a "$log" || status=1
 fi
 if want sweep; then
   echo "== sweep" | tee -a "$log"

@@ -3,7 +3,8 @@
 `loop.json` is a list of rows with keys path, batch, vocab, dtype, tp, step_us, issue_us,
 step_p90_us, same_tokens, agreement (whether `check_agreement` was on), and aligned_step_us
 (the barrier-aligned step, when measured). `auto.json` holds the auto strategy's per-bucket
-choices and timings; `loop.md` both tables. Nothing here needs a GPU.
+choices and timings; `loop.md` the tables; `loop.png` a plot where matplotlib is installed.
+Nothing here needs a GPU.
 """
 
 from __future__ import annotations
@@ -103,4 +104,30 @@ def write_results(out_dir: Path, rows: list[dict], auto: list[dict], settings: d
     (out_dir / "auto.json").write_text(json.dumps({"settings": settings, "auto": auto}, indent=1) + "\n")
     text = "\n".join([headline_table(rows), auto_table(auto), full_table(rows)])
     (out_dir / "loop.md").write_text(text + "\n")
+    plot(rows, out_dir / "loop.png")
     return text
+
+
+def plot(rows: list[dict], path: Path) -> None:
+    """Median step µs against batch, one panel per (vocab, dtype, tp); skipped without matplotlib."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return
+    panels = sorted({(r["vocab"], r["dtype"], r["tp"]) for r in rows}, key=lambda p: (p[0], p[1], -p[2]))
+    fig, axes = plt.subplots(1, len(panels), figsize=(6 * len(panels), 4.5), squeeze=False)
+    for ax, (vocab, dtype, tp) in zip(axes[0], panels):
+        mine = [r for r in rows if (r["vocab"], r["dtype"], r["tp"]) == (vocab, dtype, tp)]
+        for name in dict.fromkeys(r["path"] for r in mine):
+            points = sorted((r["batch"], r["step_us"]) for r in mine if r["path"] == name)
+            ax.plot(*zip(*points), marker="o", label=name)
+        ax.set(xscale="log", yscale="log", xlabel="batch", ylabel="step µs (median, decode loop)",
+               title=f"V={vocab} {dtype} tp={tp}")
+        ax.grid(True, which="both", alpha=0.3)
+        ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
