@@ -20,7 +20,7 @@ status=0
 } > "$OUT/machine.txt" 2>&1
 cat "$OUT/machine.txt"
 # Budgets in seconds (one device call may run 10 minutes in all).
-T_TESTS=${T_TESTS:-300} T_RELIABILITY=${T_RELIABILITY:-420} T_BENCH=${T_BENCH:-90} T_SWEEP=${T_SWEEP:-240} T_PROFILE=${T_PROFILE:-120}
+T_TESTS=${T_TESTS:-300} T_RELIABILITY=${T_RELIABILITY:-420} T_BENCH=${T_BENCH:-90} T_SWEEP=${T_SWEEP:-300} T_PROFILE=${T_PROFILE:-120}
 if want tests; then
   echo "== tests/gpu" | tee -a "$log"
   timeout "$T_TESTS" python3 -m pytest -q -rs --timeout=150 ${TEST_ARGS:-tests/gpu --ignore=tests/gpu/test_reliability_gpu.py} 2>&1 | tee -a "$log" || status=1
