@@ -84,6 +84,10 @@ def measure(calls: int) -> list[dict]:
             flip.reverse()
             return engine._check_step(flip[0], cu, lens, x, None, None)
 
+        def changed_step():
+            flip.reverse()
+            return engine.step(flip[0], cu, lens, x)
+
         def guard_step():
             step[0] += 1
             guard.check_standing()
@@ -95,6 +99,7 @@ def measure(calls: int) -> list[dict]:
         row["stage"] = per_call_ns(lambda: engine.inputs.stage(5, a, cu, lens, False), calls)
         row["fault guard (CUDA path)"] = per_call_ns(guard_step, calls)
         row["step minus replay"] = per_call_ns(lambda: engine.step(a, cu, lens, x), calls // 4)
+        row["step minus replay, new slots"] = per_call_ns(changed_step, calls // 4)
         rows.append(row)
     guard.close()
     return rows
