@@ -15,8 +15,7 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-from graphshard.bench import measure_peak_p2p_gbs
-from benchmarks.timing import events_us
+from benchmarks.timing import events_us, measure_peak_p2p_gbs
 from graphshard.distributed import spawn
 from graphshard.engine import DTYPES
 from graphshard.plan import plan

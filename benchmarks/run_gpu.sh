@@ -1,11 +1,11 @@
 #!/usr/bin/env bash
 # Every GPU test and the benchmark sweep in one call; results land under $OUT (default ./out).
-# Usage: bash benchmarks/run_gpu.sh [kernels|sampling|tests|reliability|bench|exchange|profile|sweep|all]...
+# Usage: bash benchmarks/run_gpu.sh [kernels|sampling|tests|reliability|bench|exchange|profile|host|sweep|all]...
 # (default: all; "kernels" runs the sampler tests compiled on one GPU, "sampling" the sampler
 # benchmark against the PyTorch sort sampler, "tests" runs tests/gpu except the long reliability
 # run, "reliability" runs it)
 # Files: machine.txt, run.log (everything printed), sampling.json, bench.json, exchange.json,
-# gpu_report.jsonl, sweep/sweep.{json,md,png}.
+# gpu_report.jsonl, sweep/loop.{json,md,png}, sweep/auto.json.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 PYTHONUNBUFFERED=1
@@ -22,7 +22,7 @@ status=0
 } > "$OUT/machine.txt" 2>&1
 cat "$OUT/machine.txt"
 # Budgets in seconds (one device call may run 10 minutes in all).
-T_KERNELS=${T_KERNELS:-240} T_SAMPLING=${T_SAMPLING:-300} T_TESTS=${T_TESTS:-300} T_RELIABILITY=${T_RELIABILITY:-420} T_BENCH=${T_BENCH:-90} T_SWEEP=${T_SWEEP:-240} T_PROFILE=${T_PROFILE:-120}
+T_KERNELS=${T_KERNELS:-240} T_SAMPLING=${T_SAMPLING:-300} T_TESTS=${T_TESTS:-300} T_RELIABILITY=${T_RELIABILITY:-420} T_BENCH=${T_BENCH:-90} T_SWEEP=${T_SWEEP:-300} T_PROFILE=${T_PROFILE:-120}
 if want kernels; then
   echo "== sampler tests, compiled" | tee -a "$log"
   timeout "$T_KERNELS" python3 -m pytest -q -rs -x --timeout=200 ${KERNEL_ARGS:-tests/gpu/test_sampler_gpu.py tests/gpu/test_kernels_gpu.py tests/test_sampler.py} 2>&1 | tee -a "$log" || status=1
@@ -53,6 +53,10 @@ fi
 if want profile; then
   echo "== step profile" | tee -a "$log"
   timeout "$T_PROFILE" python3 -m benchmarks.profile_step 2>&1 | tee -a "$log" || status=1
+fi
+if want host; then
+  echo "== host path microbenchmark" | tee -a "$log"
+  timeout "$T_PROFILE" python3 -m benchmarks.host_path 2>&1 | tee -a "$log" || status=1
 fi
 if want sweep; then
   echo "== sweep" | tee -a "$log"

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import statistics
+import time
 
 import torch
 
@@ -70,3 +71,23 @@ def benchmark_graph(benchmark, fn, repeat: int, rounds: int) -> dict:
     benchmark.pedantic(timed, rounds=rounds, warmup_rounds=2)
     benchmark.extra_info.update(calls_per_replay=repeat)
     return stats
+
+
+def measure_peak_p2p_gbs(nbytes: int = 1 << 28) -> float:
+    """Peer copy bandwidth GPU0 -> GPU1 (one direction), for the achieved-GB/s columns."""
+    if torch.cuda.device_count() < 2:
+        return float("nan")
+    src = torch.empty(nbytes, dtype=torch.uint8, device="cuda:0")
+    dst = torch.empty(nbytes, dtype=torch.uint8, device="cuda:1")
+    for _ in range(3):
+        dst.copy_(src)
+    torch.cuda.synchronize("cuda:0")
+    torch.cuda.synchronize("cuda:1")
+    times = []
+    for _ in range(10):
+        start = time.perf_counter()
+        dst.copy_(src)
+        torch.cuda.synchronize("cuda:0")
+        torch.cuda.synchronize("cuda:1")
+        times.append(time.perf_counter() - start)
+    return nbytes / statistics.median(times) / 1e9

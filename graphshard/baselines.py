@@ -1,11 +1,15 @@
-"""The two eager baselines the sweep measures graphshard against.
+"""The baselines the sweep measures graphshard against.
 
 - `EagerBatchShard`: the dynamic-shape batch sharder graphshard grew from: the plan on the host,
   fresh tensors every step, an uneven all-to-all, sampling of the owned rows, an all-gather of
   the results padded to the largest shard.
 - `EagerAllGather`: today's default: all-gather the vocab shards, every rank samples every row.
+- `BareAllGatherGraph`: what a user writes in twenty lines for greedy decoding: all-gather the
+  vocab shards and take the argmax, captured in one CUDA graph per batch size, no engine.
+- `CapturedArgmax`: the tp = 1 counterpart: the argmax of the full logits in one CUDA graph.
 
-Both use graphshard's sampler, so the comparison isolates how the step is orchestrated.
+The eager ones use graphshard's sampler, so the comparison isolates how the step is
+orchestrated; the captured ones are greedy only.
 """
 
 from __future__ import annotations
@@ -81,3 +85,57 @@ class EagerBatchShard(_Baseline):
             rank_in_owner[mine] = np.arange(mine.shape[0])
         src = owner * width + rank_in_owner
         return gathered.index_select(0, _to_device(src, device).long())
+
+
+class BareAllGatherGraph:
+    """`all_gather_into_tensor` of the [n, V/T] shards, then the argmax over the real
+    vocabulary, captured once for batch size n. `step()` replays it and returns the token ids."""
+
+    def __init__(self, logits_shard: torch.Tensor, vocab_size: int, group=None):
+        self.group = group if group is not None else dist.group.WORLD
+        t = dist.get_world_size(self.group)
+        n, vs = logits_shard.shape
+        self.logits = logits_shard  # the static input: write each step's shard here
+        self.gathered = torch.empty(t * n, vs, dtype=logits_shard.dtype, device=logits_shard.device)
+        self.tokens = torch.empty(n, dtype=torch.int64, device=logits_shard.device)
+
+        def step():
+            dist.all_gather_into_tensor(self.gathered, self.logits, group=self.group)
+            full = self.gathered.view(t, n, vs).transpose(0, 1).reshape(n, t * vs)
+            torch.argmax(full[:, :vocab_size], dim=1, out=self.tokens)
+
+        self.graph = capture(step)
+
+    def step(self) -> torch.Tensor:
+        self.graph.replay()
+        return self.tokens
+
+
+class CapturedArgmax:
+    """The argmax of [n, V] logits (real vocabulary only), captured once for batch size n."""
+
+    def __init__(self, logits: torch.Tensor, vocab_size: int):
+        self.logits = logits  # the static input
+        self.tokens = torch.empty(logits.shape[0], dtype=torch.int64, device=logits.device)
+        self.graph = capture(lambda: torch.argmax(self.logits[:, :vocab_size], dim=1, out=self.tokens))
+
+    def step(self) -> torch.Tensor:
+        self.graph.replay()
+        return self.tokens
+
+
+def capture(fn) -> torch.cuda.CUDAGraph:
+    """`fn` warmed up on a side stream (communicators and kernels ready), then captured."""
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for _ in range(3):
+            fn()
+    torch.cuda.current_stream().wait_stream(side)
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    # thread_local: the NCCL watchdog may query events from its own thread during capture.
+    with torch.cuda.graph(graph, capture_error_mode="thread_local"):
+        fn()
+    torch.cuda.synchronize()
+    return graph

@@ -1,18 +1,25 @@
-"""The sweep: five ways to run one sampling step, side by side, on the same GPUs in one run.
+"""The sweep: the decode loop a user runs, timed on the GPUs for each way to run the step.
 
-Per batch size, vocabulary and logits dtype it measures (greedy, every rank, tp = all GPUs):
-  eager_shard      the seed's eager batch sharder (host plan, per-step allocations, uneven a2a)
-  eager_allgather  eager all-gather of the vocab shards + sample every row
-  graph_allgather  the same all-gather + sample captured in one graph (graphshard, replicate)
-  graphshard_nccl  graphshard shard strategy over padded NCCL all-to-all, one graph
-  graphshard_p2p   graphshard shard strategy over symmetric-memory pushes, one graph
-Step latency includes the host read of the sampled ids (median, p90); host issue time is the
-time to return from the step call; bytes are the logits bytes this rank sends over the link.
+Headline: back-to-back steps as a decode loop runs them: `out = engine.step(...)`, the sampled
+ids read to the host (`.cpu()`), `engine.raise_if_failed()`; no barrier or synchronize between
+steps; each step's logits written into the engine's static buffer (zero copy); greedy; random
+distinct slots. Per (vocab, dtype, batch, path): the slowest rank's median and p90 step latency
+and median host issue time (return from the step call). A barrier-aligned measurement (every
+rank synchronized before each step) is kept as a second column.
+
+Paths, tp = every GPU:
+  bare_allgather_graph  all-gather of the vocab shards + argmax in one CUDA graph, no engine
+  graphshard_p2p        engine, shard strategy, p2p transport
+  graphshard_nccl       engine, shard strategy, NCCL transport
+  graphshard_replicate  engine, replicate strategy (transport auto: p2p where it runs)
+  graphshard_auto       engine, auto strategy (transport auto)
+  eager_shard, eager_allgather   the eager baselines of `graphshard.baselines`
+and tp = 1, every GPU on its own: graphshard_tp1 (engine, greedy) and captured_argmax.
 """
 
 from __future__ import annotations
 
-import json
+import logging
 import os
 import time
 from dataclasses import asdict, dataclass
@@ -22,230 +29,195 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-from graphshard.baselines import EagerAllGather, EagerBatchShard
+from graphshard.bench_report import TP1_PATHS, TP_PATHS, summarize, write_results
 from graphshard.config import Config
 from graphshard.engine import DTYPES, Engine
-from graphshard.params import SamplingParams
+from graphshard.params import SamplingParams, SlotTables
+from graphshard.records import RecordLayout
 
-PATHS = ("eager_shard", "eager_allgather", "graph_allgather", "graphshard_nccl", "graphshard_p2p")
-BASELINES = ("eager_shard", "eager_allgather", "graph_allgather")
+logger = logging.getLogger(__name__)
+
+# Engine paths: (transport, strategy).
+ENGINE_PATHS = {"graphshard_p2p": ("p2p", "shard"), "graphshard_nccl": ("nccl", "shard"),
+                "graphshard_replicate": ("auto", "replicate"), "graphshard_auto": ("auto", "auto")}
 
 
 @dataclass(frozen=True)
 class SweepSettings:
-    batches: tuple[int, ...] = (1, 8, 32, 128, 256, 512, 1024)
-    vocabs: tuple[int, ...] = (128256, 152064)
+    batches: tuple[int, ...] = (1, 8, 32, 128, 256, 1024)
+    vocabs: tuple[int, ...] = (152064,)
     dtypes: tuple[str, ...] = ("float32", "bfloat16")
-    paths: tuple[str, ...] = PATHS
-    iters: int = 50
-    warmup: int = 5
+    paths: tuple[str, ...] = TP_PATHS + TP1_PATHS
+    iters: int = 200  # back-to-back steps timed per point
+    warmup: int = 20
+    aligned_iters: int = 30  # barrier-aligned steps per point (0: skip that column)
     seed: int = 0
     # Engine settings other than shapes come from this preset (max logits per request, logprobs).
     base: Config | None = None
 
 
-def _sync():
+# -- timing -------------------------------------------------------------------------------------
+def time_loop(step, read, check, iters: int, warmup: int) -> dict:
+    """The decode loop: `out = step(); read(out); check()` back to back. Step latency runs from
+    the call to the end of `check`; issue time until `step` returned."""
+    for _ in range(warmup):
+        read(step())
+        check()
+    _align()
+    issue, total = np.empty(iters), np.empty(iters)
+    for i in range(iters):
+        t0 = time.perf_counter()
+        out = step()
+        t1 = time.perf_counter()
+        read(out)
+        check()
+        t2 = time.perf_counter()
+        issue[i], total[i] = t1 - t0, t2 - t0
+    return {"step_us": float(np.median(total)) * 1e6, "step_p90_us": float(np.percentile(total, 90)) * 1e6,
+            "issue_us": float(np.median(issue)) * 1e6}
+
+
+def time_aligned(step, read, iters: int) -> dict:
+    """Every rank starts each step together, nothing in flight: the step alone."""
+    total = np.empty(iters)
+    for i in range(iters):
+        _align()
+        t0 = time.perf_counter()
+        read(step())
+        total[i] = time.perf_counter() - t0
+    return {"aligned_step_us": float(np.median(total)) * 1e6}
+
+
+def _align() -> None:
+    if dist.is_initialized():
+        dist.barrier()
     torch.cuda.synchronize()
 
 
-def time_path(fn, iters: int, warmup: int) -> dict:
-    """fn() issues a step and returns device tokens; the host read ends the timed region."""
-    for _ in range(warmup):
-        fn().cpu()
-    _sync()
-    steps, issues = [], []
-    for _ in range(iters):
-        dist.barrier()  # start every rank's step together so waits are the step's, not skew's
-        _sync()
-        t0 = time.perf_counter()
-        tokens = fn()
-        t1 = time.perf_counter()
-        tokens.cpu()
-        t2 = time.perf_counter()
-        issues.append((t1 - t0) * 1e6)
-        steps.append((t2 - t0) * 1e6)
-    return {"median_us": float(np.median(steps)), "p90_us": float(np.percentile(steps, 90)),
-            "issue_us": float(np.median(issues))}
-
-
-def link_bytes(path: str, idx: np.ndarray, tp: int, rank: int, vocab_shard: int, elem: int) -> int:
-    """Logits bytes this rank sends to its peers per step (records are negligible)."""
-    n = idx.shape[0]
-    if path in ("eager_allgather", "graph_allgather"):
-        return n * vocab_shard * elem * (tp - 1)
-    others = int(((idx % tp) != rank).sum())
-    return others * vocab_shard * elem
-
-
-def measure_peak_p2p_gbs(nbytes: int = 1 << 28) -> float:
-    """Peer copy bandwidth GPU0 -> GPU1 (one direction), for the achieved-GB/s column."""
-    if torch.cuda.device_count() < 2:
-        return float("nan")
-    src = torch.empty(nbytes, dtype=torch.uint8, device="cuda:0")
-    dst = torch.empty(nbytes, dtype=torch.uint8, device="cuda:1")
-    for _ in range(3):
-        dst.copy_(src)
-    torch.cuda.synchronize("cuda:0")
-    torch.cuda.synchronize("cuda:1")
-    times = []
-    for _ in range(10):
-        start = time.perf_counter()
-        dst.copy_(src)
-        torch.cuda.synchronize("cuda:0")
-        torch.cuda.synchronize("cuda:1")
-        times.append(time.perf_counter() - start)
-    return nbytes / float(np.median(times)) / 1e9
-
-
-def _engine(cfg: Config, transport: str, strategy: str) -> Engine:
-    engine = Engine(cfg.replace(transport=transport, strategy=strategy, graph_backend="cuda"))
+# -- one rank ------------------------------------------------------------------------------------
+def _engine(cfg: Config, transport: str, strategy: str, group=None) -> Engine:
+    engine = Engine(cfg.replace(transport=transport, strategy=strategy, graph_backend="cuda"), group=group)
     for slot in range(cfg.max_num_slots):
         engine.add_request(slot, SamplingParams(temperature=0.0))
     engine.capture()
     return engine
 
 
-def sweep_rank(rank: int, world: int, settings: SweepSettings) -> list[dict]:
-    rows = []
+def _greedy_tables(cfg: Config) -> SlotTables:
+    tables = SlotTables(cfg.max_num_slots, torch.device("cuda", torch.cuda.current_device()))
+    for slot in range(cfg.max_num_slots):
+        tables.set(slot, SamplingParams(temperature=0.0))
+    return tables
+
+
+def sweep_rank(rank: int, world: int, settings: SweepSettings) -> dict:
+    """This rank's rows (its own timings) and, from the auto engine, its per-bucket choices."""
+    # tp = 1 paths run on single-rank groups, every GPU on its own (all ranks create all groups).
+    solo = [dist.new_group([r]) for r in range(world)][rank]
+    rows, auto = [], []
     max_batch = max(settings.batches)
     for vocab in settings.vocabs:
         for dtype_name in settings.dtypes:
             base = settings.base or Config(vocab_size=vocab, max_num_reqs=max_batch)
             cfg = base.replace(vocab_size=vocab, max_num_reqs=max_batch, max_num_slots=2 * max_batch,
-                               logits_dtype=dtype_name, buckets=tuple(sorted(settings.batches)))
-            rows += _sweep_config(rank, world, cfg, settings)
+                               logits_dtype=dtype_name, buckets=tuple(sorted(settings.batches)),
+                               max_num_logits_per_req=1, num_logprobs=0, check_agreement=False)
+            rows += _sweep_config(rank, world, cfg, settings, solo, auto)
             torch.cuda.empty_cache()
-    return rows
+    return {"rows": rows, "auto": auto}
 
 
-def _sweep_config(rank: int, world: int, cfg: Config, settings: SweepSettings) -> list[dict]:
-    dtype = DTYPES[cfg.logits_dtype]
-    engines = {}
-    if "graph_allgather" in settings.paths:
-        engines["graph_allgather"] = _engine(cfg, "nccl", "replicate")
-    if "graphshard_nccl" in settings.paths:
-        engines["graphshard_nccl"] = _engine(cfg, "nccl", "shard")
-    if "graphshard_p2p" in settings.paths:
-        engines["graphshard_p2p"] = _engine(cfg, "p2p", "shard")
-    any_engine = next(iter(engines.values()))
-    vocab_shard, layout, tables = any_engine.vocab_shard, any_engine.layout, any_engine.tables
+def _sweep_config(rank: int, world: int, cfg: Config, settings: SweepSettings, solo, auto: list) -> list[dict]:
+    from graphshard.baselines import (BareAllGatherGraph, CapturedArgmax, EagerAllGather,
+                                      EagerBatchShard)
+
+    dtype, want = DTYPES[cfg.logits_dtype], set(settings.paths)
+    engines = {name: _engine(cfg, *how) for name, how in ENGINE_PATHS.items() if name in want}
     if "graphshard_p2p" in engines and engines["graphshard_p2p"].transport.name != "p2p":
-        engines.pop("graphshard_p2p")  # symmetric memory unavailable: the engine fell back
-    eager = {"eager_shard": EagerBatchShard, "eager_allgather": EagerAllGather}
-    baselines = {name: cls(vocab_size=cfg.vocab_size, vocab_shard=vocab_shard, layout=layout, tables=tables)
-                 for name, cls in eager.items() if name in settings.paths}
-    rows = []
+        logger.warning("p2p unavailable: graphshard_p2p left out")
+        engines.pop("graphshard_p2p").close()
+    if "graphshard_auto" in engines:
+        stats = engines["graphshard_auto"].stats()
+        auto.append({"vocab": cfg.vocab_size, "dtype": cfg.logits_dtype, "strategy": stats["strategy"],
+                     "timings_us": stats["strategy_timings_us"], "capture_s": stats["capture_s"]})
+    tp1 = _engine(cfg, "auto", "shard", group=solo) if "graphshard_tp1" in want else None
+    vocab = cfg.padded_vocab_size(world)
+    vocab_shard = vocab // world
+    layout = RecordLayout(cfg.max_num_logits_per_req, cfg.num_logprobs)
+    eager = {name: cls(vocab_size=cfg.vocab_size, vocab_shard=vocab_shard, layout=layout,
+                       tables=_greedy_tables(cfg))
+             for name, cls in (("eager_shard", EagerBatchShard), ("eager_allgather", EagerAllGather))
+             if name in want}
+    rng = np.random.default_rng(settings.seed)  # the same draws on every rank: replicated inputs
     gen = torch.Generator("cuda").manual_seed(settings.seed)
+    rows = []
     for batch in settings.batches:
-        idx = np.arange(batch, dtype=np.int32)  # low slots, as a bottom-up slot allocator fills them
-        cu = np.arange(batch + 1, dtype=np.int32)
-        seq_lens = np.full(batch, 128, dtype=np.int32)
-        shard = (torch.randn(batch, vocab_shard, generator=gen, device="cuda") * 2).to(dtype)
-        # The LM head writes its logits straight into the engine's static buffer (zero copy).
-        static = {}
+        idx = rng.choice(cfg.max_num_slots, batch, replace=False).astype(np.int32)
+        cu, lens = np.arange(batch + 1, dtype=np.int32), np.full(batch, 128, dtype=np.int32)
+        full = (torch.randn(batch, vocab, generator=gen, device="cuda") * 2).to(dtype)
+        # One clear winner per row (bfloat16 rows would otherwise tie at the top now and then).
+        winners = torch.randint(0, cfg.vocab_size, (batch, 1), generator=gen, device="cuda")
+        full.scatter_(1, winners, 64.0)
+        shard = full[:, rank * vocab_shard:(rank + 1) * vocab_shard].contiguous()
+        want_tokens = full[:, :cfg.vocab_size].argmax(dim=1).cpu()
+        loops = {}  # path -> (step, read, check, tp)
         for name, e in engines.items():
-            static[name] = e.inputs.logits[:batch]
-            static[name].copy_(shard)
-        # Each path returns its whole [n, width] record block: the host reads it in one copy.
-        fns = {name: (lambda e=e, x=static[name]: e.step(idx, cu, seq_lens, x).records)
-               for name, e in engines.items()}
-        fns.update({name: (lambda b=b: b.step(idx, cu, seq_lens, shard)) for name, b in baselines.items()})
-        if batch == settings.batches[0]:
-            # One-off costs of the first timed steps (allocator, communicator and host caches)
-            # otherwise land in the first batch size measured.
-            for fn in fns.values():
-                time_path(fn, iters=5, warmup=20)
-        reference = None
+            loops[name] = _engine_loop(e, idx, cu, lens, shard) + (world,)
+        if "bare_allgather_graph" in want:
+            bare = BareAllGatherGraph(shard.clone(), cfg.vocab_size)
+            loops["bare_allgather_graph"] = (bare.step, _read, _nothing, world)
+        for name, b in eager.items():
+            loops[name] = ((lambda b=b: b.step(idx, cu, lens, shard)), _read_first, _nothing, world)
+        if tp1 is not None:  # its padded vocabulary is never wider than the group's
+            loops["graphshard_tp1"] = _engine_loop(tp1, idx, cu, lens, full[:, :tp1.vocab]) + (1,)
+        if "captured_argmax" in want:
+            loops["captured_argmax"] = (CapturedArgmax(full.clone(), cfg.vocab_size).step, _read, _nothing, 1)
         for name in settings.paths:
-            if name not in fns:
+            if name not in loops:
                 continue
-            stats = time_path(fns[name], settings.iters, settings.warmup)
-            tokens = fns[name]().reshape(batch, -1)[:, 0].cpu()
-            if reference is None:
-                reference = tokens
-            nbytes = link_bytes(name, idx, world, rank, vocab_shard, shard.element_size())
-            rows.append(dict(path=name, batch=batch, vocab=cfg.vocab_size, dtype=cfg.logits_dtype,
-                             rank=rank, tp=world, bytes=nbytes, agrees=bool(torch.equal(tokens, reference)),
-                             gbs=nbytes / (stats["median_us"] * 1e-6) / 1e9 if nbytes else 0.0, **stats))
+            step, read, check, tp = loops[name]
+            row = dict(path=name, batch=batch, vocab=cfg.vocab_size, dtype=cfg.logits_dtype, tp=tp,
+                       rank=rank, agreement=False)
+            row.update(time_loop(step, read, check, settings.iters, settings.warmup))
+            if settings.aligned_iters:
+                row.update(time_aligned(step, read, settings.aligned_iters))
+            tokens = read(step()).reshape(batch, -1)[:, 0].long()
+            check()
+            row["same_tokens"] = bool(torch.equal(tokens, want_tokens))
+            rows.append(row)
+    for e in list(engines.values()) + ([tp1] if tp1 is not None else []):
+        e.close()
     return rows
 
 
-def _spawned(rank: int, world: int, settings: SweepSettings):
-    rows = sweep_rank(rank, world, settings)
-    peak = measure_peak_p2p_gbs() if rank == 0 else None
-    return {"rows": rows, "peak_gbs": peak}
+def _engine_loop(engine: Engine, idx, cu, lens, logits: torch.Tensor):
+    """The decode loop's step on an engine: its logits written straight into the static buffer."""
+    static = engine.inputs.logits[:idx.shape[0]]
+    static.copy_(logits)
+    return ((lambda: engine.step(idx, cu, lens, static)),
+            (lambda out: out.sampled_token_ids.cpu()), engine.raise_if_failed)
 
 
-def summarize(results: list[dict]) -> tuple[list[dict], float]:
-    """Per (vocab, dtype, batch, path): the slowest rank's median (a step ends when all ranks end)."""
-    peak = results[0]["peak_gbs"]
-    merged = {}
-    for res in results:
-        for row in res["rows"]:
-            key = (row["vocab"], row["dtype"], row["batch"], row["path"])
-            cur = merged.get(key)
-            if cur is None or row["median_us"] > cur["median_us"]:
-                merged[key] = dict(row)
-            merged[key]["agrees"] = merged[key]["agrees"] and row["agrees"]
-    table = sorted(merged.values(), key=lambda r: (r["vocab"], r["dtype"], r["batch"], PATHS.index(r["path"])))
-    by_cell = {}
-    for r in table:
-        by_cell.setdefault((r["vocab"], r["dtype"], r["batch"]), {})[r["path"]] = r
-    for cell in by_cell.values():
-        for r in cell.values():
-            r["pct_peak"] = 100.0 * r["gbs"] / peak if peak and peak == peak else float("nan")
-            for base in BASELINES:
-                if base in cell:
-                    r[f"speedup_vs_{base}"] = cell[base]["median_us"] / r["median_us"]
-    return table, peak
+def _read(tokens: torch.Tensor) -> torch.Tensor:
+    return tokens.cpu()
 
 
-def markdown(table: list[dict], peak: float) -> str:
-    lines = [f"Peer copy peak measured in the same run: {peak:.0f} GB/s (GPU0 -> GPU1).", ""]
-    header = ("| vocab | dtype | batch | path | median us | p90 us | host issue us | MB/rank | GB/s | "
-              "x eager_shard | x eager_allgather | x graph_allgather | same tokens |")
-    lines += [header, "|" + "---|" * 13]
-    for r in table:
-        lines.append(
-            f"| {r['vocab']} | {r['dtype']} | {r['batch']} | {r['path']} | {r['median_us']:.0f} | "
-            f"{r['p90_us']:.0f} | {r['issue_us']:.1f} | {r['bytes'] / 1e6:.2f} | {r['gbs']:.0f} | "
-            + " | ".join(f"{r.get(f'speedup_vs_{b}', float('nan')):.2f}" for b in BASELINES)
-            + f" | {'yes' if r['agrees'] else 'NO'} |")
-    return "\n".join(lines)
+def _read_first(records: torch.Tensor) -> torch.Tensor:
+    return records.cpu()
 
 
-def plot(table: list[dict], path: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    cells = sorted({(r["vocab"], r["dtype"]) for r in table})
-    fig, axes = plt.subplots(1, len(cells), figsize=(6 * len(cells), 4.5), squeeze=False)
-    for ax, (vocab, dtype) in zip(axes[0], cells):
-        for name in PATHS:
-            pts = sorted((r["batch"], r["median_us"]) for r in table
-                         if r["path"] == name and r["vocab"] == vocab and r["dtype"] == dtype)
-            if pts:
-                ax.plot(*zip(*pts), marker="o", label=name)
-        ax.set_xscale("log", base=2)
-        ax.set_yscale("log")
-        ax.set_xlabel("batch size")
-        ax.set_ylabel("step latency incl. host read (us, median)")
-        ax.set_title(f"V={vocab} {dtype}")
-        ax.grid(True, which="both", alpha=0.3)
-        ax.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
+def _nothing() -> None:
+    return None
 
 
+# -- driver ----------------------------------------------------------------------------------------
 def run(settings: SweepSettings, out_dir: Path, tp: int | None = None) -> list[dict] | None:
     """Spawn one process per GPU, or, under torchrun (RANK set), run this rank and gather to rank 0."""
     from graphshard.distributed import init_from_env, spawn
 
     if "RANK" in os.environ:
         info = init_from_env("nccl")
-        mine = _spawned(info.rank, info.world_size, settings)
+        mine = sweep_rank(info.rank, info.world_size, settings)
         results = [None] * info.world_size
         dist.all_gather_object(results, mine)
         if info.rank != 0:
@@ -255,14 +227,9 @@ def run(settings: SweepSettings, out_dir: Path, tp: int | None = None) -> list[d
         if not torch.cuda.is_available() or torch.cuda.device_count() < 2:
             raise SystemExit("the sweep needs at least 2 CUDA GPUs (or a torchrun launch)")
         tp = tp or torch.cuda.device_count()
-        results = spawn(_spawned, tp, settings, backend="nccl", timeout_s=3000.0)
-    table, peak = summarize(results)
-    out_dir.mkdir(parents=True, exist_ok=True)
-    meta = {**asdict(settings), "base": asdict(settings.base) if settings.base else None}
-    (out_dir / "sweep.json").write_text(json.dumps({"settings": meta, "tp": tp,
-                                                    "peak_gbs": peak, "rows": table}, indent=1))
-    md = markdown(table, peak)
-    (out_dir / "sweep.md").write_text(md + "\n")
-    plot(table, out_dir / "sweep.png")
-    print(md)
-    return table
+        results = spawn(sweep_rank, tp, settings, backend="nccl", timeout_s=3000.0)
+    rows = summarize([r["rows"] for r in results])
+    meta = {**asdict(settings), "base": asdict(settings.base) if settings.base else None, "tp": tp}
+    text = write_results(out_dir, rows, results[0]["auto"], meta)
+    print(text)
+    return rows

@@ -79,24 +79,53 @@ def run_demo(cfg: Config, demo: dict, args) -> int:
     return 0
 
 
+def bench_settings(cfg: Config, args):
+    """The sweep's settings from the command line (subsets of batches, vocabularies, dtypes,
+    paths; step counts)."""
+    from graphshard.bench import SweepSettings
+    from graphshard.bench_report import PATHS
+
+    def listed(text, kind=str):
+        return tuple(kind(v) for v in text.split(",") if v)
+
+    changes = {"base": cfg}
+    for field, kind in (("batches", int), ("vocabs", int), ("dtypes", str), ("paths", str)):
+        value = getattr(args, field)
+        if value:
+            changes[field] = listed(value, kind)
+    unknown = sorted(set(changes.get("paths", ())) - set(PATHS))
+    if unknown:
+        raise SystemExit(f"unknown path(s) {', '.join(unknown)}; choose from {', '.join(PATHS)}")
+    for field in ("iters", "warmup", "aligned_iters"):
+        if getattr(args, field) is not None:
+            changes[field] = getattr(args, field)
+    return SweepSettings(**changes)
+
+
 def run_bench(cfg: Config, args) -> int:
     from pathlib import Path
 
-    from graphshard.bench import SweepSettings, run
+    from graphshard.bench import run
 
-    changes = {"base": cfg}
-    if args.batches:
-        changes["batches"] = tuple(int(b) for b in args.batches.split(","))
-    if args.vocabs:
-        changes["vocabs"] = tuple(int(v) for v in args.vocabs.split(","))
-    if args.dtypes:
-        changes["dtypes"] = tuple(args.dtypes.split(","))
-    run(SweepSettings(**changes), Path(args.out), tp=args.tp)
+    run(bench_settings(cfg, args), Path(args.out), tp=args.tp)
     return 0
 
 
-def main(argv=None) -> int:
-    use_interpreter_without_gpu()
+def add_bench_arguments(bench_p: argparse.ArgumentParser) -> None:
+    bench_p.add_argument("--config", required=True, help="a TOML preset (the sweep sets its own shapes)")
+    bench_p.add_argument("--tp", type=int, default=None, help="number of GPUs (default: all)")
+    bench_p.add_argument("--out", default="out/sweep", help="folder for loop.json, auto.json, loop.md")
+    bench_p.add_argument("--batches", default=None, help="comma-separated batch sizes")
+    bench_p.add_argument("--vocabs", default=None, help="comma-separated vocabulary sizes")
+    bench_p.add_argument("--dtypes", default=None, help="comma-separated logits dtypes")
+    bench_p.add_argument("--paths", default=None, help="comma-separated paths (default: all)")
+    bench_p.add_argument("--iters", type=int, default=None, help="back-to-back steps timed per point")
+    bench_p.add_argument("--warmup", type=int, default=None, help="untimed steps before them")
+    bench_p.add_argument("--aligned-iters", type=int, default=None,
+                         help="barrier-aligned steps per point (0: skip that column)")
+
+
+def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="graphshard")
     sub = parser.add_subparsers(dest="command", required=True)
     demo_p = sub.add_parser("demo", help="run a simulated decode loop, every step checked against the oracle")
@@ -108,14 +137,14 @@ def main(argv=None) -> int:
     demo_p.add_argument("--steps", type=int, default=None)
     demo_p.add_argument("--no-capture", action="store_true", help="run every step eagerly")
     plan_p.add_argument("--num-reqs", type=int, default=None)
-    bench_p = sub.add_parser("bench", help="sweep five step implementations on the GPUs (JSON, Markdown, PNG)")
-    bench_p.add_argument("--config", required=True, help="a TOML preset (the sweep sets its own shapes)")
-    bench_p.add_argument("--tp", type=int, default=None, help="number of GPUs (default: all)")
-    bench_p.add_argument("--out", default="out/sweep", help="folder for sweep.json, sweep.md, sweep.png")
-    bench_p.add_argument("--batches", default=None, help="comma-separated batch sizes")
-    bench_p.add_argument("--vocabs", default=None, help="comma-separated vocabulary sizes")
-    bench_p.add_argument("--dtypes", default=None, help="comma-separated logits dtypes")
-    args = parser.parse_args(argv)
+    bench_p = sub.add_parser("bench", help="time the decode loop of every step implementation on the GPUs")
+    add_bench_arguments(bench_p)
+    return parser
+
+
+def main(argv=None) -> int:
+    use_interpreter_without_gpu()
+    args = build_parser().parse_args(argv)
     cfg = Config.from_toml(args.config)
     with open(args.config, "rb") as f:
         demo = tomllib.load(f).get("demo", {})

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import functools
 import logging
-from dataclasses import dataclass
+import time
 
 import numpy as np
 import torch
@@ -25,10 +25,10 @@ from graphshard.params import SamplingParams, SlotTables
 from graphshard.plan import plan
 from graphshard.plan_layout import PlanBuffers
 from graphshard.records import RecordLayout, SamplerOutput, unpack
+from graphshard.routes import Route, eager_key, keys_for
 from graphshard.sampler import SamplerWorkspace, sample
 from graphshard.strategy import REPLICATE, SHARD, choose_strategies
-from graphshard.transports.base import pick_tier
-from graphshard.validate import BatchChecker, BatchLimits, InvalidBatchError, owner_counts
+from graphshard.validate import BatchChecker, BatchLimits, InvalidBatchError
 
 logger = logging.getLogger(__name__)
 
@@ -46,18 +46,6 @@ bitmask_enabled)`. It runs inside the captured step, so it must:
   equal the unsharded one.
 `graphshard.testing.check_graph_safe` (CPU, emulated graphs) checks a sampler against the first
 two rules; an Engine built with it on the emulated backend refuses violations at capture."""
-
-
-@dataclass(frozen=True)
-class StepKey:
-    """What selects a graph: the bucket, the strategy and (shard only) the exchange capacity."""
-
-    bucket: int
-    strategy: str
-    capacity: int
-
-    def as_key(self) -> tuple:
-        return (self.bucket, self.strategy, self.capacity)
 
 
 class Engine:
@@ -84,9 +72,13 @@ class Engine:
                                    barrier=self._barrier)
         self._strategy = {b: (REPLICATE if config.strategy == REPLICATE or self.tp_size == 1 else SHARD)
                           for b in config.buckets}
+        self.strategy_timings: dict[int, tuple[float, float]] = {}  # auto: bucket -> (shard, replicate) s
         self.captured = False
         self.eager_steps = 0
         self.steps = 0  # steps issued, the same count on every rank
+        self._capture_s = 0.0
+        self._one_row = config.max_num_logits_per_req == 1  # then num_logits == n
+        self._routes: list[Route] = []  # index n <= largest bucket, once captured
         self._views: dict[int, SamplerOutput] = {}
         self._setup_faults()
 
@@ -135,7 +127,8 @@ class Engine:
     def _setup_faults(self) -> None:
         cfg, multi = self.config, self.tp_size > 1
         self.faults = FaultGuard(group=self.group, rank=self.tp_rank, world_size=self.tp_size,
-                                 device=self.device, timeout_s=cfg.timeout_s, transport=self.transport)
+                                 device=self.device, timeout_s=cfg.timeout_s, transport=self.transport,
+                                 done=self.inputs.staged.done_view)
         self.slot_digest = SlotDigest(cfg.max_num_slots)
         self.agreement = AgreementCheck(self.group, self.tp_rank, self.tp_size, self.device,
                                         cfg.timeout_s) if multi and cfg.check_agreement else None
@@ -153,7 +146,7 @@ class Engine:
             raise ValueError(f"num_logprobs {params.num_logprobs} exceeds the config's "
                              f"num_logprobs ({self.config.num_logprobs})")
         self.tables.set(slot, params)
-        self.checker.active[slot] = True
+        self.checker.activate(slot)
         if self.agreement is not None:
             self.slot_digest.set(slot, params)
 
@@ -161,7 +154,7 @@ class Engine:
         if isinstance(slot, bool) or not isinstance(slot, (int, np.integer)) \
                 or not (0 <= slot < self.config.max_num_slots) or not self.checker.active[slot]:
             raise ValueError(f"slot {slot!r} holds no request")
-        self.checker.active[slot] = False
+        self.checker.deactivate(slot)
         if self.agreement is not None:
             self.slot_digest.remove(slot)
 
@@ -185,6 +178,7 @@ class Engine:
                    bitmask=inp.grammar_bitmask, bitmask_rows=pb.local_row_src,
                    bitmask_enabled=inp.bitmask_on)
             self.transport.gather(pb, self.local_records, self.records, cap_reqs, bucket)
+            inp.signal_done()
 
         return step
 
@@ -203,110 +197,123 @@ class Engine:
                    draft_tokens=inp.draft_token_ids if m > 1 else None,
                    bitmask=inp.grammar_bitmask, bitmask_rows=self.identity_rows,
                    bitmask_enabled=inp.bitmask_on)
+            inp.signal_done()
 
         return step
 
-    def _step_fn(self, key: StepKey):
-        if key.strategy == SHARD:
-            return self._shard_fn(key.bucket, key.capacity)
-        return self._replicate_fn(key.bucket)
-
-    def _keys_for(self, bucket: int, strategy: str) -> list[StepKey]:
-        if strategy == REPLICATE:
-            return [StepKey(bucket, REPLICATE, 0)]
-        return [StepKey(bucket, SHARD, c) for c in self._tiers[bucket]]
+    def _step_fn(self, key: tuple):
+        bucket, strategy, capacity = key
+        if strategy == SHARD:
+            return self._shard_fn(bucket, capacity)
+        return self._replicate_fn(bucket)
 
     # -- capture --------------------------------------------------------------------------------
     def capture(self) -> None:
-        """Capture every bucket (every capacity tier of it) into one pool, largest first."""
+        """Capture every bucket (every capacity tier of it) into one pool, largest first; with
+        strategy "auto", time both strategies per bucket and keep the faster (`stats()`)."""
         if self.captured:
             raise RuntimeError("capture() already ran")
+        start = time.perf_counter()
+        self.faults.drain(self.steps - 1)  # placeholder batches are about to be staged
         auto = self.config.strategy == "auto" and self.tp_size > 1
         keys = []
         for b in self.config.buckets:
             for strategy in ((SHARD, REPLICATE) if auto else (self._strategy[b],)):
-                keys += self._keys_for(b, strategy)
-        by_tuple = {k.as_key(): k for k in keys}
-        self.graphs.capture(lambda t: self._capture_fn(by_tuple[t]), keys=list(by_tuple))
+                keys += keys_for(b, strategy, self._tiers.get(b))
+        self.graphs.capture(self._capture_fn, keys=keys)
         if auto:
-            self._strategy = choose_strategies(self)
+            self._strategy, self.strategy_timings = choose_strategies(self)
+        self._routes = [self._route(n) for n in range(self.config.max_bucket + 1)]
         self.captured = True
+        self._capture_s = time.perf_counter() - start
 
-    def _capture_fn(self, key: StepKey):
+    def _capture_fn(self, key: tuple):
         """The step of `key`, with a valid batch of exactly its bucket staged for warm-up and capture."""
-        self._write_placeholder_batch(key.bucket)
+        self._write_placeholder_batch(key[0])
         return self._step_fn(key)
 
     def _write_placeholder_batch(self, n: int) -> None:
-        """A valid batch in the static buffers for warm-up and capture (balanced slots, one row each)."""
+        """A valid batch for warm-up, capture and timing runs (balanced slots, one row each),
+        staged as the last issued step, so the device's done word stays where it is."""
         idx = np.arange(n, dtype=np.int32)
-        cu = np.arange(n + 1, dtype=np.int32)
-        self.inputs.write_meta(idx, cu, np.zeros(n, np.int32), bitmask_on=False)
+        self.inputs.stage_placeholder(self.steps - 1, idx, np.arange(n + 1, dtype=np.int32),
+                                      np.zeros(n, np.int32))
+
+    def _route(self, n: int) -> Route:
+        bucket = self.graphs.bucket_for(n)
+        return Route(keys_for(bucket, self._strategy[bucket], self._tiers.get(bucket)),
+                     unpack(self.records[:n], self.layout))
 
     # -- the step ---------------------------------------------------------------------------------
     def step(self, idx_mapping, cu_num_logits, seq_lens, logits: torch.Tensor,
              draft_token_ids=None, grammar_bitmask=None) -> SamplerOutput:
         """Sample one decode step. Replicated host arrays + this rank's logits shard in batch order.
 
-        Returns views (batch order, first n rows) of static buffers: read them before the next step.
+        Returns views (batch order, first n rows) of static buffers: the next step overwrites
+        them, so read them (or enqueue their copy to the host) before issuing it.
         Every check runs before any device work or collective. Checks of the replicated inputs
         raise identically on every rank and change nothing. The logits, drafts and bitmask
         tensors are each rank's own: with `check_agreement` a refused one raises on every rank
         (and so does any divergence); without it, the refusing rank's peers are already inside
         the step, so that rank gives up (its engine refuses every later step) and the peers fail
         within `timeout_s` naming its error.
-        A peer that dies or stops stepping makes this raise `StepFault` within `timeout_s`
-        (2 x `timeout_s` + 1 s for a CUDA step that hangs in NCCL), after which the engine refuses
-        every step.
+        On CUDA two steps may be in flight: this returns once the step is queued, and only waits
+        for the step before the previous one. A peer that dies or stops stepping makes this (or
+        `raise_if_failed`) raise `StepFault` within `timeout_s` (2 x `timeout_s` + 1 s for a
+        CUDA step that hangs in NCCL), after which the engine refuses every step.
         """
-        self.faults.check_standing()
-        idx, cu, lens, bucket = self._check_step(idx_mapping, cu_num_logits, seq_lens, logits,
-                                                 draft_token_ids, grammar_bitmask)
-        n, num_logits = idx.shape[0], int(cu[-1])
-        # Only now wait for the previous step: the checks above overlapped it.
-        self.faults.check(self.steps - 1, self.inputs.issued_event())
-        key = self._choose_key(bucket, idx, cu, n)
-
-        self.inputs.write_meta(idx, cu, lens, bitmask_on=grammar_bitmask is not None)
-        with torch.no_grad():  # a grad-tracking shard must not give the static buffers a history
-            self.inputs.write_logits(logits, num_logits)
-            if self.config.max_num_logits_per_req > 1:
-                self.inputs.write_drafts(draft_token_ids, num_logits)
-            self.inputs.write_bitmask(grammar_bitmask, num_logits)
+        faults, inputs = self.faults, self.inputs
+        faults.check_standing()
+        idx, cu, lens = self._check_step(idx_mapping, cu_num_logits, seq_lens, logits,
+                                         draft_token_ids, grammar_bitmask)
+        n = idx.shape[0]
+        num_logits = n if self._one_row else int(cu[n])
+        step = self.steps
+        faults.admit(step)
+        inputs.stage(step, idx, cu, lens, grammar_bitmask is not None)
+        if not (self._one_row and grammar_bitmask is None and inputs.is_zero_copy(logits, num_logits)):
+            inputs.write_tensors(logits, draft_token_ids, grammar_bitmask, num_logits)
+        route = self._routes[n] if n < len(self._routes) else None
         try:
-            if bucket is not None:
-                self.graphs.replay(key.as_key())
-            elif self.captured:
-                self.graphs.run_eager(self._step_fn(key), n)
+            if route is not None:
+                self.graphs.replay(route.key or route.key_for(idx, cu, self.tp_size, self._one_row))
             else:
-                self.eager_steps += 1
-                self._step_fn(key)()
+                self._run_eager(idx, cu, n)
         except Exception as e:
-            self.faults.fail(self.steps, f"{type(e).__name__}: {e}", e)
-        finally:
-            self.faults.issuing()  # the watchdog must not time this step from the last one's issue
-            self.inputs.mark_issued()  # even a failed step may have queued its fetch
-        self.steps += 1
-        self.faults.issued(self.steps - 1, self.inputs.issued_event())
-        return self._outputs(n)
+            faults.abandon(step)
+            faults.fail(step, f"{type(e).__name__}: {e}", e)
+        self.steps = step + 1
+        if faults.synchronous:
+            faults.ran(step)
+        return route.out if route is not None else self._outputs(n)
 
     def _check_step(self, idx_mapping, cu_num_logits, seq_lens, logits, drafts, bitmask):
-        """Every check of a step's inputs: (idx, cu, lens, bucket), or raise (see `step`)."""
+        """Every check of a step's inputs: (idx, cu, lens), or raise (see `step`). The common
+        case passes the cheap tests; anything else takes the exact checks, whose errors these are."""
+        if self.agreement is None and self.checker.accepts(idx_mapping, cu_num_logits, seq_lens):
+            n = idx_mapping.shape[0]
+            if n < len(self._routes) or not self.captured or self.config.fallback != "error":
+                num_logits = n if self._one_row else int(cu_num_logits[n])
+                if self.inputs.tensors_fit(logits, drafts, bitmask, num_logits):
+                    return idx_mapping, cu_num_logits, seq_lens
+        return self._check_step_exactly(idx_mapping, cu_num_logits, seq_lens, logits, drafts, bitmask)
+
+    def _check_step_exactly(self, idx_mapping, cu_num_logits, seq_lens, logits, drafts, bitmask):
         replicated_error = local_error = checked = None
         try:
-            idx, cu, lens = self.checker.check(idx_mapping, cu_num_logits, seq_lens)
+            idx, cu, lens = self.checker.check_exactly(idx_mapping, cu_num_logits, seq_lens)
             # Replicated checks first: a rank's own tensor error must not hide them.
             bucket = self.graphs.bucket_for(idx.shape[0]) if self.captured else None
             if self.captured and bucket is None:
                 self.graphs.check_fits(idx.shape[0])
-            checked = (idx, cu, lens, bucket)
+            checked = (idx, cu, lens)
             local_error = self.inputs.tensor_error(logits, drafts, bitmask, int(cu[-1]))
         except (InvalidBatchError, TypeError) as e:
             replicated_error = e
         if self.agreement is not None:
             # Even a refused batch joins the check, so a rank that diverged into a refusal (a
             # missed add_request, say) makes every rank raise rather than leave its peers waiting.
-            batch = digest(*checked[:3], drafts is not None, bitmask is not None) if checked \
+            batch = digest(*checked, drafts is not None, bitmask is not None) if checked \
                 else digest("refused", type(replicated_error).__name__, str(replicated_error))
             self._agree(batch, replicated_error, local_error)
         elif replicated_error is not None:
@@ -318,7 +325,6 @@ class Engine:
                 self.faults.give_up(f"step {self.steps}: its own tensors were refused: "
                                     f"{type(local_error).__name__}: {local_error}")
             raise local_error
-        self.faults.checks_passed()
         return checked
 
     def _agree(self, batch: int, replicated_error: Exception | None,
@@ -331,12 +337,23 @@ class Engine:
         except Exception as e:  # the collective itself failed: a peer is gone
             self.faults.fail(self.steps, f"the agreement check failed: {type(e).__name__}: {e}", e)
 
+    def _run_eager(self, idx: np.ndarray, cu: np.ndarray, n: int) -> None:
+        """Above the largest bucket (or before capture): the same step, run without a graph."""
+        fn = self._step_fn(eager_key(n, idx, cu, self._strategy[self.config.max_bucket], self.tp_size))
+        if self.captured:
+            self.graphs.run_eager(fn, n)
+        else:
+            self.eager_steps += 1
+            fn()
+
     # -- faults -----------------------------------------------------------------------------------
-    def raise_if_failed(self) -> None:
-        """Raise `StepFault` if the last step failed (a peer timed out or died). On CUDA a step
-        runs after `step()` returns, so a loop that must never act on a failed step's tokens
-        calls this after reading them: it waits (bounded) for the step and reads a pinned word."""
-        self.faults.check(self.steps - 1, self.inputs.issued_event())
+    def raise_if_failed(self, step: int | None = None) -> None:
+        """Raise `StepFault` if step `step` (default: the last issued one) failed: a peer timed
+        out or died. On CUDA a step runs after `step()` returns, so a loop that must never act on
+        a failed step's tokens calls this after reading them: it waits (bounded) for the step and
+        reads two pinned words. A loop that reads results one step late passes that step's
+        number (`engine.steps - 2` after issuing the next one)."""
+        self.faults.check(self.steps - 1 if step is None else step)
 
     def fail(self, reason: str) -> None:
         """Give up on this rank (its own error, say): the peers' next steps fail within the
@@ -348,34 +365,23 @@ class Engine:
         self.faults.close()
 
     def _outputs(self, n: int) -> SamplerOutput:
-        """Views of the first n records, built once per n (views cost host time every step)."""
+        """Views of the first n records of an eager step, built once per n."""
         out = self._views.get(n)
         if out is None:
             out = self._views[n] = unpack(self.records[:n], self.layout)
         return out
 
-    def _choose_key(self, bucket: int | None, idx: np.ndarray, cu: np.ndarray, n: int) -> StepKey:
-        size = bucket if bucket is not None else max(n, 1)
-        strategy = self._strategy.get(bucket, self._strategy[self.config.max_bucket]) \
-            if bucket is not None else self._strategy[self.config.max_bucket]
-        if strategy == REPLICATE:
-            return StepKey(size, REPLICATE, 0)
-        tiers = self._tiers.get(bucket)
-        if tiers is not None and len(tiers) == 1:
-            return StepKey(size, SHARD, tiers[0])  # one tier (p2p reads the counts on the device)
-        _, rows = owner_counts(idx, cu, self.tp_size)
-        max_rows = int(rows.max()) if n else 0
-        if tiers is None:  # eager: the exact size is the capacity
-            return StepKey(size, SHARD, max(1, max_rows))
-        return StepKey(size, SHARD, pick_tier(tiers, max_rows))
-
     # -- reporting --------------------------------------------------------------------------------
     def stats(self) -> dict:
+        """Counters and capture facts. `capture_s` is the whole `capture()` (graphs and, with
+        strategy "auto", the timing runs); `strategy` is each bucket's strategy and, for "auto",
+        `strategy_timings_us` what each measured (median µs per replay, slowest rank)."""
         s = self.graphs.stats()
         return {"replays": dict(s.replays), "eager_fallbacks": s.eager_fallbacks,
-                "eager_steps": self.eager_steps, "capture_s": s.capture_total_s,
-                "graph_memory_bytes": s.graph_memory_bytes,
+                "eager_steps": self.eager_steps, "capture_s": self._capture_s,
+                "graph_capture_s": s.capture_total_s, "graph_memory_bytes": s.graph_memory_bytes,
                 "strategy": dict(self._strategy),
+                "strategy_timings_us": {b: {SHARD: t[0] * 1e6, REPLICATE: t[1] * 1e6}
+                                        for b, t in self.strategy_timings.items()},
                 "transport": self.transport.name if self.transport is not None else "none",
                 "graph_backend": getattr(self.backend, "name", type(self.backend).__name__)}
-

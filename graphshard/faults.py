@@ -19,6 +19,7 @@ import logging
 import threading
 import time
 
+import numpy as np
 import torch
 import torch.distributed as dist
 
@@ -90,45 +91,110 @@ class FaultReporter:
         return out
 
 
+class StepClock:
+    """The engine's steps in flight on the device: when each of the last two was issued, and the
+    last one finished (`done`, a pinned word the step's last kernel writes). Reading it costs a
+    NumPy load where an event per step would cost a record and a query."""
+
+    def __init__(self, done: np.ndarray):
+        self.done = done  # int64 [1]
+        self.issued = -1
+        self.issued_at = [0.0, 0.0]  # by step parity: at most two steps are in flight
+
+    def start(self, step: int) -> None:
+        self.issued_at[step & 1] = time.monotonic()
+        self.issued = step  # after its time: a reader that sees the step sees its time
+
+    def overdue(self, limit_s: float) -> int | None:
+        """The oldest unfinished step if it has run past `limit_s` since its issue, else None.
+        Safe from another thread: a stale `done` only ever pairs a step with a later issue time."""
+        oldest = int(self.done[0]) + 1
+        if oldest > self.issued:
+            return None
+        return oldest if time.monotonic() - self.issued_at[oldest & 1] > limit_s else None
+
+
 class FaultGuard:
     """One engine's fault state: bounded waits on its issued steps, reports to and from the peers,
-    and the fault that, once seen, every later step raises. `step` numbers are the engine's."""
+    and the fault that, once seen, every later step raises. `step` numbers are the engine's.
+
+    On CUDA a step runs after `step()` returns: `done` (see `StepClock`) says which finished.
+    Elsewhere every step runs inside the call (`synchronous`)."""
 
     def __init__(self, *, group: dist.ProcessGroup | None, rank: int, world_size: int,
-                 device: torch.device, timeout_s: float, transport=None):
+                 device: torch.device, timeout_s: float, transport=None, done: np.ndarray | None = None):
         multi = world_size > 1
         self.rank, self.transport = rank, transport
         self.reporter = FaultReporter(default_store() if multi else None, group, rank, world_size)
+        self.synchronous = device.type != "cuda"
+        self.clock = StepClock(done) if not self.synchronous and done is not None else None
         # Only CUDA steps run after the call returns; elsewhere every wait is bounded in the step.
-        self.watchdog = Watchdog(group, 2 * timeout_s) if multi and device.type == "cuda" else None
+        self.watchdog = Watchdog(group, 2 * timeout_s, self.clock) \
+            if multi and device.type == "cuda" else None
+        self._transport_fault = transport.fault if transport is not None else _no_fault
         self.fault: str | None = None
 
     def check_standing(self) -> None:
         if self.fault is not None:
             raise StepFault(f"the engine is broken by an earlier fault: {self.fault}")
 
-    def check(self, last_step: int, issued) -> None:
-        """Raise the standing fault, or wait (bounded) for the last issued step, whose completion
-        event is `issued` (None: nothing in flight), and raise what it ran into."""
+    def admit(self, step: int) -> None:
+        """Step `step` passed its checks and is about to be staged: withdraw an earlier refusal
+        report (every rank refused it: the group went on), wait (bounded) until step - 2 has
+        finished (its staging row is this step's), raise a fault seen since, start its clock."""
+        if self.reporter.pending:
+            self.reporter.clear()
+        clock = self.clock
+        if clock is None:
+            return
+        if clock.done[0] < step - 2:
+            self._wait(step - 2)
+        watchdog = self.watchdog
+        if watchdog is not None and watchdog.fault is not None:
+            self.fail(step - 1, watchdog.fault)
+        fault = self._transport_fault()
+        if fault is not None:
+            self.fail(step - 1, fault)
+        clock.start(step)
+
+    def ran(self, step: int) -> None:
+        """A synchronous step returned: raise what it ran into."""
+        self._check_transport(step)
+
+    def abandon(self, step: int) -> None:
+        """Step `step` raised while being issued: stop timing it (the engine fails it)."""
+        if self.clock is not None and self.clock.issued == step:
+            self.clock.issued = step - 1
+
+    def check(self, step: int) -> None:
+        """Raise the standing fault, or wait (bounded) for step `step` to finish and raise what
+        it ran into (only where a step can fail after its call returned: CUDA with peers)."""
         self.check_standing()
-        if self.watchdog is not None and issued is not None:
-            fault = self.watchdog.wait()
-            if fault is not None:
-                self.fail(last_step, fault)
-            self._check_transport(last_step)
+        if self.watchdog is None or step < 0:
+            return
+        if self.clock.done[0] < step:
+            self._wait(step)
+        if self.watchdog.fault is not None:
+            self.fail(step, self.watchdog.fault)
+        self._check_transport(step)
+
+    def drain(self, step: int) -> None:
+        """Wait (bounded where peers are involved) until step `step` has finished."""
+        if self.clock is not None and step >= 0 and self.clock.done[0] < step:
+            self._wait(step)
+
+    def _wait(self, step: int) -> None:
+        if self.watchdog is None:  # no peers: the step cannot hang on one
+            while self.clock.done[0] < step:
+                time.sleep(0)
+            return
+        fault = self.watchdog.wait_step(step)
+        if fault is not None:
+            self.fail(step, fault)
 
     def refused(self, step: int, error: Exception) -> None:
         """This rank refused a step's inputs: peers that went on into the step can name why."""
         self.reporter.report(f"step {step} refused: {type(error).__name__}: {error}")
-
-    def checks_passed(self) -> None:
-        if self.reporter.pending:
-            self.reporter.clear()  # an earlier refusal was every rank's: the group went on
-
-    def issuing(self) -> None:
-        """A step is about to be recorded: stop watching the previous one first."""
-        if self.watchdog is not None:
-            self.watchdog.disarm()
 
     def wait_for(self, step: int, done) -> None:
         """Wait (bounded) for a CUDA event of step `step` outside the step itself (a check's
@@ -138,15 +204,9 @@ class FaultGuard:
             return
         self.watchdog.watch(step, done, what="the agreement check of step")
         fault = self.watchdog.wait()
+        self.watchdog.disarm()
         if fault is not None:
             self.fail(step, fault)
-
-    def issued(self, step: int, done) -> None:
-        """Step `step` was issued; `done` is its completion event (None: it already ran)."""
-        if done is None:
-            self._check_transport(step)
-        elif self.watchdog is not None:
-            self.watchdog.watch(step, done)
 
     def fail(self, step: int, what: str, cause: BaseException | None = None):
         """Record the fault, tell the peers and raise it; every later check raises it too."""
@@ -164,9 +224,13 @@ class FaultGuard:
             self.watchdog.close()
 
     def _check_transport(self, step: int) -> None:
-        fault = self.transport.fault() if self.transport is not None else None
+        fault = self._transport_fault()
         if fault is not None:
             self.fail(step, fault)
+
+
+def _no_fault() -> None:
+    return None
 
 
 def describe(what: str, reports: dict[int, str]) -> str:
@@ -180,26 +244,29 @@ class Watchdog:
     """Bounds each issued CUDA step: a step still running `limit_s` after its issue aborts the
     group's communicators (NCCL kernels then return) and becomes a fault the engine raises at
     its next call. A daemon thread checks even while the caller is blocked elsewhere (reading the
-    step's outputs, say); `wait` checks on the caller's thread."""
+    step's outputs, say); `wait` and `wait_step` check on the caller's thread.
 
-    def __init__(self, group: dist.ProcessGroup | None, limit_s: float):
-        self.group, self.limit_s = group, limit_s
+    Two things are watched: the engine's steps through a `StepClock`, and one event at a time
+    given to `watch` (a collective outside the step)."""
+
+    def __init__(self, group: dist.ProcessGroup | None, limit_s: float, clock: StepClock | None = None):
+        self.group, self.limit_s, self.clock = group, limit_s, clock
         self.fault: str | None = None
         self._step: tuple[int, float, torch.cuda.Event] | None = None
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
+        if clock is not None:
+            self._start()
 
     def watch(self, step: int, done: torch.cuda.Event, what: str = "step") -> None:
         """`done` fires when step `step` (or `what`), issued now, has finished on the device."""
         with self._lock:
             self._step = (f"{what} {step}", time.monotonic(), done)
-        if self._thread is None:
-            self._thread = threading.Thread(target=self._run, name="graphshard-watchdog", daemon=True)
-            self._thread.start()
+        self._start()
 
     def wait(self) -> str | None:
-        """Wait for the last watched step, at most until its bound; the fault, or None."""
+        """Wait for the last watched event, at most until its bound; the fault, or None."""
         current = self._step
         if current is None:
             return self.fault
@@ -210,12 +277,26 @@ class Watchdog:
             time.sleep(0)  # a GIL switch point, so the watchdog thread keeps its period
         return self.fault
 
+    def wait_step(self, step: int) -> str | None:
+        """Wait until the clock's step `step` finished, at most until its bound; the fault, or None."""
+        clock = self.clock
+        while clock.done[0] < step:
+            if self.fault is not None or clock.overdue(self.limit_s) is not None:
+                return self._overrun()
+            time.sleep(0)
+        return self.fault
+
     def disarm(self) -> None:
         with self._lock:
             self._step = None
 
     def close(self) -> None:
         self._stop.set()
+
+    def _start(self) -> None:
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._run, name="graphshard-watchdog", daemon=True)
+            self._thread.start()
 
     def _run(self) -> None:
         period = min(1.0, self.limit_s / 4)
@@ -228,14 +309,23 @@ class Watchdog:
 
     def _overrun(self) -> str | None:
         with self._lock:
-            current = self._step
-            if self.fault is None and current is not None:
-                step, issued_at, done = current
-                if not done.query() and time.monotonic() - issued_at > self.limit_s:
-                    self.fault = f"{step} did not finish within {self.limit_s:g} s of its issue"
+            if self.fault is None:
+                late = self._late()
+                if late is not None:
+                    self.fault = f"{late} did not finish within {self.limit_s:g} s of its issue"
                     logger.error("%s; aborting the group's communicators", self.fault)
                     abort_group(self.group)
             return self.fault
+
+    def _late(self) -> str | None:
+        """What has run past the bound: the watched event's step, or the clock's oldest step."""
+        current = self._step
+        if current is not None:
+            what, issued_at, done = current
+            if not done.query() and time.monotonic() - issued_at > self.limit_s:
+                return what
+        late = self.clock.overdue(self.limit_s) if self.clock is not None else None
+        return f"step {late}" if late is not None else None
 
 
 def abort_group(group: dist.ProcessGroup | None) -> None:

@@ -1,19 +1,22 @@
-"""The engine's static input buffers and the one host-to-device copy that fills them per step.
+"""The engine's static input buffers: what the host stages per step and what it copies in.
 
-`tensor_error` checks a rank's own tensors against the buffers they are copied into; the engine
-calls it (and checks the replicated inputs) before any `write_*` method, so those only copy.
+`tensor_error` checks a rank's own tensors against the buffers they are copied into;
+`tensors_fit` is its cheap form for the common case (True only where `tensor_error` would find
+nothing). The engine calls them (and checks the replicated inputs) before any `stage` or
+`write_tensors`, so those only copy.
 
-The replicated integer inputs (n, slots, cu_num_logits, seq_lens, the bitmask flag) are packed
-into one int32 buffer. The host writes them into a pinned staging buffer and the captured step
-itself copies it in (`fetch`, the graph's first node), so issuing a step costs no copy call. The
-staging buffer is rewritten only after the step that last read it has fetched it.
+The replicated integer inputs go through `graphshard.staging`: one write into a pinned,
+double-buffered host row per step, fetched by the captured step itself.
 """
 
 from __future__ import annotations
 
+import operator
+
 import numpy as np
 import torch
 
+from graphshard.staging import Staging
 from graphshard.validate import InvalidBatchError
 
 
@@ -30,66 +33,89 @@ class StepInputs:
         self.max_num_logits_per_req = max_num_logits_per_req
         self.bitmask_widths = (bitmask_words, real_bitmask_words or bitmask_words)
         self.device = device
-        # [num_reqs | idx_mapping N | cu_num_logits N+1 | seq_lens N | bitmask_on]
-        self._sizes = (1, n, n + 1, n, 1)
-        width = sum(self._sizes)
-        self.meta = torch.zeros(width, dtype=torch.int32, device=device)
-        self.num_reqs, self.idx_mapping, self.cu_num_logits, self.seq_lens, self.bitmask_on = \
-            torch.split(self.meta, self._sizes)
+        self.staged = Staging(n, max_num_logits_per_req, device)
+        self.meta, self.staging = self.staged.meta, self.staged.rows
+        self.num_reqs, self.bitmask_on, self.idx_mapping, self.cu_num_logits, self.seq_lens = \
+            self.staged.views()
         self.logits = torch.zeros(rows, vocab_shard, dtype=logits_dtype, device=device)  # [rows, V/T]
         self.draft_token_ids = torch.full((rows,), -1, dtype=torch.int32, device=device)
         self.grammar_bitmask = torch.full((rows, bitmask_words), -1, dtype=torch.int32, device=device)
-        pinned = device.type == "cuda"
-        self.staging = torch.zeros(width, dtype=torch.int32, pin_memory=pinned)  # host side of meta
-        self._host_views = np.split(self.staging.numpy(), np.cumsum(self._sizes)[:-1])
-        # Recorded after each issued step: once it has fired, that step fetched the staging buffer.
-        self._fetched = torch.cuda.Event() if pinned else None
-        self._pending = False
+        # Rows of draft_token_ids written since they last held -1 (a step without drafts
+        # resets only those, and only once).
+        self._dirty_draft_rows = 0
+        self._spans = {name: _span(t) for name, t in (("logits", self.logits),
+                                                       ("drafts", self.draft_token_ids),
+                                                       ("bitmask", self.grammar_bitmask))}
+        self._on_device = _device_test(device)
+        self._dtype, self._vocab_shard = logits_dtype, vocab_shard
+        self._row_strides = (vocab_shard, 1)  # contiguous rows; the leading rows of self.logits
 
-    def write_meta(self, idx: np.ndarray, cu: np.ndarray, seq_lens: np.ndarray, bitmask_on: bool):
-        """Stage the replicated host arrays for the next step's `fetch` (no device call)."""
-        if self._pending:
-            self._fetched.synchronize()  # only waits while the previous step has not run yet
-            self._pending = False
-        host = self._host_views
-        n = idx.shape[0]
-        # Entries past n are never read (the plan kernel and the sampler mask by n), so only the
-        # live prefix is written.
-        host[0][0] = n
-        host[1][:n] = idx
-        host[2][:n + 1] = cu
-        host[3][:n] = seq_lens
-        host[4][0] = bitmask_on
+    # -- per step ---------------------------------------------------------------------------------
+    def stage(self, step: int, idx: np.ndarray, cu: np.ndarray, lens: np.ndarray,
+              bitmask_on: bool) -> None:
+        """Write step `step`'s replicated arrays into its pinned row (no device call)."""
+        self.staged.write(step, idx, cu, lens, bitmask_on)
+
+    def stage_placeholder(self, step: int, idx, cu, lens) -> None:
+        """A batch every warm-up, capture or timing run may fetch, whichever row it reads."""
+        self.staged.write_both(step, idx, cu, lens, False)
 
     def fetch(self) -> None:
-        """The step's first operation: copy the staged inputs to the device (graph-safe)."""
-        self.meta.copy_(self.staging, non_blocking=True)
+        """The step's first operation: the staged inputs into `meta` (graph-safe)."""
+        self.staged.fetch()
 
-    def mark_issued(self) -> None:
-        """Call after issuing a step that fetched: guards the staging buffer until it has run."""
-        if self._fetched is not None:
-            self._fetched.record()
-            self._pending = True
+    def signal_done(self) -> None:
+        """The step's last operation: tell the host this step finished (graph-safe)."""
+        self.staged.signal_done()
 
-    def issued_event(self) -> torch.cuda.Event | None:
-        """The event recorded after the last issued step, or None (CPU: steps run synchronously)."""
-        return self._fetched if self._pending else None
+    def is_zero_copy(self, logits: torch.Tensor, num_logits: int) -> bool:
+        """Whether the decode loop wrote this step's logits straight into `self.logits`."""
+        return num_logits > 0 and logits.data_ptr() == self._spans["logits"][0]
 
-    def write_logits(self, logits: torch.Tensor, num_logits: int) -> None:
-        """Copy the caller's shard in, unless the decode loop wrote straight into `self.logits`."""
-        if num_logits and logits.data_ptr() == self.logits.data_ptr():
-            return
-        self.logits[:num_logits].copy_(logits, non_blocking=True)
+    def write_tensors(self, logits: torch.Tensor, drafts, bitmask, num_logits: int) -> None:
+        """Copy this rank's tensors in (stream-ordered, so a step in flight still reads its own)."""
+        with torch.no_grad():  # a grad-tracking shard must not give the static buffers a history
+            if not self.is_zero_copy(logits, num_logits):
+                self.logits[:num_logits].copy_(logits, non_blocking=True)
+            if self.max_num_logits_per_req > 1:
+                self._write_drafts(drafts, num_logits)
+            if bitmask is not None:
+                self.grammar_bitmask[:num_logits, : bitmask.shape[1]].copy_(bitmask, non_blocking=True)
 
-    def write_drafts(self, drafts: torch.Tensor | None, num_logits: int) -> None:
-        if drafts is None:
-            self.draft_token_ids[:num_logits].fill_(-1)  # -1 never equals a sample: nothing accepted
-        else:
+    def _write_drafts(self, drafts: torch.Tensor | None, num_logits: int) -> None:
+        if drafts is not None:
             self.draft_token_ids[:num_logits].copy_(drafts, non_blocking=True)
+            self._dirty_draft_rows = max(self._dirty_draft_rows, num_logits)
+        elif self._dirty_draft_rows:
+            # -1 never equals a sample: nothing accepted.
+            self.draft_token_ids[:self._dirty_draft_rows].fill_(-1)
+            self._dirty_draft_rows = 0
 
-    def write_bitmask(self, bitmask: torch.Tensor | None, num_logits: int) -> None:
-        if bitmask is not None:
-            self.grammar_bitmask[:num_logits, : bitmask.shape[1]].copy_(bitmask, non_blocking=True)
+    def tensors_fit(self, logits, drafts, bitmask, num_logits: int) -> bool:
+        """True only where `tensor_error` finds nothing; False sends the caller to it."""
+        if not (isinstance(logits, torch.Tensor) and logits.dtype is self._dtype
+                and logits.shape == (num_logits, self._vocab_shard)
+                and logits.stride() == self._row_strides and self._on_device(logits)):
+            return False
+        lo, hi = self._spans["logits"]
+        p = logits.data_ptr()
+        if p != lo and lo <= p < hi:
+            return False  # a view into the static buffer other than its leading rows
+        if drafts is None and bitmask is None:
+            return True
+        if drafts is not None and (self.max_num_logits_per_req == 1
+                                   or not self._int32_fits(drafts, "drafts", num_logits, 1)):
+            return False
+        return bitmask is None or self._int32_fits(bitmask, "bitmask", num_logits, 2)
+
+    def _int32_fits(self, t, name: str, num_logits: int, dims: int) -> bool:
+        if not (isinstance(t, torch.Tensor) and t.dtype is torch.int32 and t.dim() == dims
+                and t.shape[0] == num_logits and self._on_device(t)):
+            return False
+        if dims == 2 and t.shape[1] not in self.bitmask_widths:
+            return False
+        lo, hi = self._spans[name]
+        return t.numel() == 0 or not lo <= t.data_ptr() < hi
 
     # -- checks of this rank's own tensors ----------------------------------------------------------
     def tensor_error(self, logits, drafts, bitmask, num_logits: int) -> Exception | None:
@@ -147,3 +173,19 @@ def _check_int32(name: str, value, shape: tuple, device: torch.device) -> None:
         raise InvalidBatchError(f"{name} must have shape {list(shape)}, got {list(value.shape)}")
     if value.device != device:
         raise InvalidBatchError(f"{name} is on {value.device}, the engine runs on {device}")
+
+
+def _span(t: torch.Tensor) -> tuple[int, int]:
+    """[first, past-the-end) byte addresses of a static buffer's storage."""
+    storage = t.untyped_storage()
+    return storage.data_ptr(), storage.data_ptr() + storage.nbytes()
+
+
+def _device_test(device: torch.device):
+    """A cheap `t.device == device` (building a torch.device per call costs more)."""
+    if device.type == "cuda":
+        index = device.index
+        return lambda t: t.is_cuda and t.get_device() == index
+    if device.type == "cpu":
+        return operator.attrgetter("is_cpu")
+    return lambda t: t.device == device

@@ -32,8 +32,9 @@ def time_replays(manager, key: tuple, device: torch.device, iters: int) -> float
     return float(np.median(samples))
 
 
-def choose_strategies(engine, iters: int = 10) -> dict[int, str]:
-    """bucket -> the strategy whose graph replayed faster (both must be captured)."""
+def choose_strategies(engine, iters: int = 10) -> tuple[dict[int, str], dict[int, tuple[float, float]]]:
+    """Per bucket, the strategy whose graph replayed faster (both must be captured), and the
+    timings behind it: bucket -> (shard s, replicate s), the slowest rank's median per replay."""
     buckets = engine.config.buckets
     m = engine.config.max_num_logits_per_req
     times = torch.zeros(len(buckets), 2, dtype=torch.float64)
@@ -46,5 +47,6 @@ def choose_strategies(engine, iters: int = 10) -> dict[int, str]:
         reduced = times.to(engine.device) if engine.device.type == "cuda" else times
         dist.all_reduce(reduced, op=dist.ReduceOp.MAX, group=engine.group)
         times = reduced.cpu()
-    engine.strategy_timings = {b: (float(times[i, 0]), float(times[i, 1])) for i, b in enumerate(buckets)}
-    return {b: SHARD if times[i, 0] <= times[i, 1] else REPLICATE for i, b in enumerate(buckets)}
+    timings = {b: (float(times[i, 0]), float(times[i, 1])) for i, b in enumerate(buckets)}
+    choices = {b: SHARD if shard <= replicate else REPLICATE for b, (shard, replicate) in timings.items()}
+    return choices, timings

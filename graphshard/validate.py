@@ -63,18 +63,116 @@ def to_host_int32(name: str, value) -> np.ndarray:
     return arr.astype(np.int32, copy=False)
 
 
+_INT32 = np.dtype(np.int32)
+# Up to this batch size a Python set checks slots faster than NumPy's scatter and gather.
+_SET_CHECK_MAX = 64
+
+
 class BatchChecker:
-    """Checks each step's replicated inputs with a few vectorised passes (the step's host budget
-    is microseconds), and tracks which slots hold a request."""
+    """Checks each step's replicated inputs and tracks which slots hold a request.
+
+    `check` first tries a cheap test that only ever accepts valid batches (the step's host budget
+    is microseconds): NumPy int32 arrays, the batch's slots equal to the last accepted ones while
+    no request came or went, or else a set test; byte tests for cu_num_logits and seq_lens. Any
+    doubt goes to the exact checks, which name the first mistake: the errors are theirs alone."""
 
     def __init__(self, limits: BatchLimits):
         self.limits = limits
         self.active = np.zeros(limits.max_num_slots, dtype=bool)
-        self._scratch = np.zeros(limits.max_num_slots, dtype=np.int32)
+        self._active_set: set[int] = set()
+        # slot -> itself while it holds a request, else the sentinel max_num_slots (its own entry).
+        self._slot_map = np.full(limits.max_num_slots + 1, limits.max_num_slots, dtype=np.int32)
+        self._scratch = np.zeros(limits.max_num_slots + 1, dtype=np.int32)
         self._positions = np.arange(limits.max_num_reqs, dtype=np.int32)
+        self._position_bytes = self._positions.tobytes()
+        # cu_num_logits of one row per request: 0..n, compared as bytes.
+        self._unit_cu = np.arange(limits.max_num_reqs + 1, dtype=np.int32).tobytes()
+        self._changes = 0  # bumped by every add or remove: the slot cache below is stale then
+        self._last_slots: bytes | None = None
+        self._last_slots_at = -1
+        self._last_cu: bytes | None = None
 
+    # -- slot tracking ------------------------------------------------------------------------
+    def activate(self, slot: int) -> None:
+        self.active[slot] = True
+        self._active_set.add(int(slot))
+        self._slot_map[slot] = slot
+        self._changes += 1
+
+    def deactivate(self, slot: int) -> None:
+        self.active[slot] = False
+        self._active_set.discard(int(slot))
+        self._slot_map[slot] = self.limits.max_num_slots
+        self._changes += 1
+
+    # -- checks -------------------------------------------------------------------------------
     def check(self, idx_mapping, cu_num_logits, seq_lens, *, require_active: bool = True):
         """Return the inputs as host int32 arrays, or raise InvalidBatchError saying what is wrong."""
+        if require_active and self.accepts(idx_mapping, cu_num_logits, seq_lens):
+            return idx_mapping, cu_num_logits, seq_lens
+        return self.check_exactly(idx_mapping, cu_num_logits, seq_lens, require_active=require_active)
+
+    def accepts(self, idx, cu, lens) -> bool:
+        """True only for a batch `check_exactly` accepts unchanged (False: ask it)."""
+        nd = np.ndarray
+        if type(idx) is not nd or type(cu) is not nd or type(lens) is not nd:
+            return False
+        if idx.dtype is not _INT32 or cu.dtype is not _INT32 or lens.dtype is not _INT32:
+            return False
+        if idx.ndim != 1 or cu.ndim != 1 or lens.ndim != 1:
+            return False
+        n = idx.shape[0]
+        if n > self.limits.max_num_reqs or cu.shape[0] != n + 1 or lens.shape[0] != n:
+            return False
+        # seq_lens >= 0: no word's top byte has its sign bit set (little-endian words).
+        if not lens.tobytes()[3::4].isascii():
+            return False
+        return self._cu_fits(cu, n) and self._slots_fit(idx, n)
+
+    def _cu_fits(self, cu: np.ndarray, n: int) -> bool:
+        m = self.limits.max_num_logits_per_req
+        cu_bytes = cu.tobytes()
+        if cu_bytes == self._unit_cu[:4 * (n + 1)]:
+            return True  # every request has one row
+        if m == 1 or cu[0] != 0:
+            return False
+        if cu_bytes == self._last_cu:
+            return True
+        # From cu[0] = 0 and rows in [1, m] so far, entries stay small: an int32 difference
+        # cannot wrap into [1, m] (see check_exactly).
+        rows_minus_one = (cu[1:] - cu[:-1] - 1).view(np.uint32)
+        if n and rows_minus_one.max() >= m:
+            return False
+        self._last_cu = cu_bytes
+        return True
+
+    def _slots_fit(self, idx: np.ndarray, n: int) -> bool:
+        """Slots in range, distinct and holding a request."""
+        slots = idx.tobytes()
+        if slots == self._last_slots and self._last_slots_at == self._changes:
+            return True
+        if n <= _SET_CHECK_MAX:
+            # Active slots are in range (add_request checks): one subset test covers both.
+            distinct = set(idx.tolist())
+            ok = len(distinct) == n and distinct <= self._active_set
+        else:
+            ok = self._slots_fit_vectorised(idx, n)
+        if ok:
+            self._last_slots, self._last_slots_at = slots, self._changes
+        return ok
+
+    def _slots_fit_vectorised(self, idx: np.ndarray, n: int) -> bool:
+        # Slots out of range (negative ones too, as uint32) or without a request all map to the
+        # sentinel entry. Write each request's position at its mapped slot, poison the sentinel,
+        # read back: only distinct active slots read their own position.
+        sentinel = self.limits.max_num_slots
+        mapped = self._slot_map.take(idx.view(np.uint32), mode="clip")
+        self._scratch[mapped] = self._positions[:n]
+        self._scratch[sentinel] = -1
+        return self._scratch.take(mapped).tobytes() == self._position_bytes[:4 * n]
+
+    def check_exactly(self, idx_mapping, cu_num_logits, seq_lens, *, require_active: bool = True):
+        """Every check, in the contract's order: the first mistake raises, naming itself."""
         lim = self.limits
         idx = to_host_int32("idx_mapping", idx_mapping)
         cu = to_host_int32("cu_num_logits", cu_num_logits)

@@ -1,0 +1,146 @@
+"""Double-buffered staging of the replicated step inputs, and the step's first and last kernels.
+
+The host writes step k's replicated integers into row k % 2 of a pinned host buffer (plain
+memory on CPU): no copy call, no device call. The captured step fetches them itself: its first
+kernel (`fetch`) reads both rows straight from host memory and copies the right one into the
+device-side `meta` buffer; its last kernel (`signal_done`) writes the step's number into a
+pinned host word. The host reads that word with one NumPy load to know which steps finished, so
+it may stage step k + 1 while step k is still queued or running, and only waits (for step k - 1)
+before reusing a row.
+
+Which row the fetch takes is decided on the device, so one graph serves both rows: each row
+starts with the step number staged in it, and the fetch takes the oldest row newer than the last
+step the device finished (`last`, written by `signal_done`). A row is only rewritten after the
+step that used it has finished, so at step k's fetch the rows hold k and k - 1 or k + 1. Warm-up
+and timing runs re-run an already fetched row: then no row is newer and the fetch takes the
+newest, which is the same batch in both rows.
+
+Row layout (int32 words): [step (int64) | num_reqs | bitmask_on | idx_mapping N |
+cu_num_logits N+1 | seq_lens N | pad to an even width].
+"""
+
+from __future__ import annotations
+
+import sys
+
+import numpy as np
+import torch
+import triton
+import triton.language as tl
+
+from graphshard.launch import launch
+
+HEADER = 4  # step (two words), num_reqs, bitmask_on
+_FETCH_BLOCK = 1024
+
+# The host writes the header's (num_reqs, bitmask_on) pair as one int64 and checks signs through
+# the top byte of each int32; both read the words in little-endian order.
+assert sys.byteorder == "little", "graphshard's host staging assumes a little-endian host"
+
+
+def row_width(max_num_reqs: int) -> int:
+    """Words per staging row: even, so every row's leading int64 is aligned."""
+    width = HEADER + 3 * max_num_reqs + 1
+    return width + width % 2
+
+
+@triton.jit(do_not_specialize=["width", "row_words64"])
+def _fetch_kernel(addresses_ptr, meta_ptr, last_ptr, width, row_words64, BLOCK: tl.constexpr):
+    host = tl.load(addresses_ptr)  # int64: the staging buffer's address (pinned host memory)
+    rows = host.to(tl.pointer_type(tl.int32))
+    seqs = host.to(tl.pointer_type(tl.int64))
+    # Both rows and both step numbers in one round trip over the host link.
+    seq_a = tl.load(seqs, volatile=True)
+    seq_b = tl.load(seqs + row_words64, volatile=True)
+    last = tl.load(last_ptr)
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    live = offs < width
+    a = tl.load(rows + offs, mask=live, other=0, volatile=True)
+    b = tl.load(rows + 2 * row_words64 + offs, mask=live, other=0, volatile=True)
+    new_a = seq_a > last
+    new_b = seq_b > last
+    # The older of two new rows; the only new row; with none new (a re-run), the newer row.
+    take_b = tl.where(new_a == new_b, (seq_b < seq_a) == new_a, new_b)
+    tl.store(meta_ptr + offs, tl.where(take_b, b, a), mask=live)
+
+
+@triton.jit
+def _done_kernel(addresses_ptr, meta_seq_ptr, last_ptr):
+    seq = tl.load(meta_seq_ptr)
+    tl.store(last_ptr, seq)
+    done = tl.load(addresses_ptr + 1).to(tl.pointer_type(tl.int64))
+    tl.store(done, seq)
+
+
+class Staging:
+    """The pinned double buffer, the device `meta` it is fetched into, and the done word."""
+
+    def __init__(self, max_num_reqs: int, max_num_logits_per_req: int, device: torch.device):
+        n = max_num_reqs
+        self.width = row_width(n)
+        self.device = device
+        pinned = device.type == "cuda"
+        self.meta = torch.zeros(self.width, dtype=torch.int32, device=device)
+        self.rows = torch.zeros(2, self.width, dtype=torch.int32, pin_memory=pinned)
+        # The last step the device finished (-1: none); written by the step's last kernel.
+        self.done = torch.full((1,), -1, dtype=torch.int64, pin_memory=pinned)
+        self._last = torch.full((1,), -1, dtype=torch.int64, device=device)
+        self._addresses = torch.tensor([self.rows.data_ptr(), self.done.data_ptr()],
+                                       dtype=torch.int64).to(device)
+        self._meta_seq = self.meta[:2].view(torch.int64)
+        self.done_view = self.done.numpy()
+        self._slices = (slice(HEADER, HEADER + n), slice(HEADER + n, HEADER + 2 * n + 1),
+                        slice(HEADER + 2 * n + 1, HEADER + 3 * n + 1))
+        host = self.rows.numpy()
+        host.view(np.int64)[:, 0] = -1  # no step staged yet
+        # Per row: the int64 header [step, num_reqs | bitmask_on << 32] and the three arrays.
+        self._heads = [host[r].view(np.int64)[:2] for r in (0, 1)]
+        self._idx = [host[r][self._slices[0]] for r in (0, 1)]
+        self._cu = [host[r][self._slices[1]] for r in (0, 1)]
+        self._lens = [host[r][self._slices[2]] for r in (0, 1)]
+        # With one logits row per request cu_num_logits is always 0..n (the checks refuse
+        # anything else): it is staged once here, never per step.
+        self.fixed_cu = max_num_logits_per_req == 1
+        if self.fixed_cu:
+            for cu in self._cu:
+                cu[:] = np.arange(n + 1, dtype=np.int32)
+        self._grid = (triton.cdiv(self.width, _FETCH_BLOCK),)
+
+    def views(self) -> tuple[torch.Tensor, ...]:
+        """Device views of meta: num_reqs [1], bitmask_on [1], idx_mapping, cu_num_logits, seq_lens."""
+        return (self.meta[2:3], self.meta[3:4], *(self.meta[s] for s in self._slices))
+
+    def write(self, step: int, idx: np.ndarray, cu: np.ndarray, lens: np.ndarray,
+              bitmask_on: bool) -> None:
+        """Stage step `step` into its row. The caller has made sure step - 2 finished."""
+        self._write_row(step & 1, step, idx, cu, lens, bitmask_on)
+
+    def write_both(self, step: int, idx, cu, lens, bitmask_on: bool) -> None:
+        """Stage one batch in both rows under one step number (warm-up, capture and timing runs
+        re-run it, whichever row they fetch). Nothing may be in flight."""
+        for r in (0, 1):
+            self._write_row(r, step, idx, cu, lens, bitmask_on)
+
+    def _write_row(self, r: int, step: int, idx, cu, lens, bitmask_on: bool) -> None:
+        n = idx.shape[0]
+        # Entries past n are never read (the plan kernel and the sampler mask by n).
+        self._idx[r][:n] = idx
+        self._lens[r][:n] = lens
+        if not self.fixed_cu:
+            self._cu[r][:n + 1] = cu
+        head = self._heads[r]
+        head[1] = n | (int(bitmask_on) << 32)
+        head[0] = step  # last, so a row's step number never names a half-written row
+
+    def fetch(self) -> None:
+        """The step's first kernel: the staged row of this step into `meta`."""
+        launch(_fetch_kernel, self._grid, self._addresses, self.meta, self._last, self.width,
+               self.width // 2, BLOCK=_FETCH_BLOCK)
+
+    def signal_done(self) -> None:
+        """The step's last kernel: its step number into `last` and the host's done word."""
+        launch(_done_kernel, (1,), self._addresses, self._meta_seq, self._last)
+
+    def finished(self) -> int:
+        """The last step the device finished (a host read of the done word)."""
+        return int(self.done_view[0])
