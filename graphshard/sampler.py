@@ -70,12 +70,12 @@ from graphshard import rng
 from graphshard.launch import check_int32_vector, launch
 from graphshard.params import SLOT_WIDTH, SlotTables
 from graphshard.records import RecordLayout
-from graphshard.sampler_resolve import has_nan, settle_logprobs, settle_token, store_logprobs
+from graphshard.sampler_resolve import load_part, settle_logprobs, settle_token, store_logprobs
 from graphshard.sampler_rows import load_masked, scan_chunk, uses_filters
 from graphshard.sampler_select import capture, chunk_floor, fold_lanes
 from graphshard.sampler_workspace import (CHUNK_TOP, P_ARG_X, P_ARG_Z, P_FLOOR_R, P_FLOOR_S,
                                           P_MAX_R, P_MAX_X, P_MAX_Z, P_NAN, P_SUM_R, P_SUM_S,
-                                          SamplerWorkspace, workspace_row)
+                                          SamplerWorkspace, workspace_request, workspace_row)
 
 __all__ = ["SamplerWorkspace", "sample"]
 
@@ -269,64 +269,105 @@ def _finish_kernel(
     HAS_BITMASK: tl.constexpr, HAS_BITMASK_FLAG: tl.constexpr, BLOCK: tl.constexpr,
     SMALL_BLOCK: tl.constexpr, RADIX_BITS: tl.constexpr,
 ):
-    req = tl.program_id(0)
+    row_id = tl.program_id(0)
+    req = row_id // M
+    r = row_id % M
     live, slot, first_row, m, seq_len = _request(num_reqs_ptr, req_slots_ptr, cu_num_logits_ptr,
                                                  seq_lens_ptr, req, M)
-    if live:
+    if live & (r < m):
         (inv_temp, top_k, top_p, min_p, seed_lo, seed_hi, num_logprobs, is_random,
          filtered) = _slot_params(slots_ptr, slot, VOCAB, K)
-        small_k = filtered & (top_k > 0) & (top_k <= TOP)
+        row = first_row + r
+        part, fill, pool_x, pool_id, stats = workspace_row(ws_ptr, row_id, ROWS, SPLITS, CAP)
+        n_pool = tl.load(fill, cache_modifier=".cg")
+        tl.store(fill, 0)  # the next launch captures into an empty pool
+        mask_row_ptr, mask_on = _bitmask_row(bitmask_ptr, bitmask_stride, bitmask_rows_ptr,
+                                             bitmask_on_ptr, row, HAS_BITMASK, HAS_BITMASK_FLAG)
+        row_ptr = logits_ptr + row.to(tl.int64) * logits_stride
+        token = settle_token(part, n_pool, pool_x, pool_id, stats, row_ptr, mask_row_ptr, mask_on,
+                             rng.row_key(seed_lo, seed_hi, seq_len + r), inv_temp, top_k, top_p,
+                             min_p, is_random, filtered, filtered & (top_k > 0) & (top_k <= TOP),
+                             VOCAB, SPLITS, SPLITS_P, CAP, TILE, BLOCK, SMALL_BLOCK, HAS_BITMASK,
+                             RADIX_BITS)
         rec_ptr = records_ptr + req.to(tl.int64) * records_stride
-        row_ids = tl.arange(0, M_P)
-        samples = tl.full([M_P], -1, tl.int32)
-        accepted = m - 1
-        stopped = 0
-        num_nans = 0
-        for r in range(0, M):
-            if r < m:
-                row = first_row + r
-                part, fill, pool_x, pool_id, stats = workspace_row(ws_ptr, req * M + r, ROWS,
-                                                                   SPLITS, CAP)
-                num_nans += has_nan(part, SPLITS, SPLITS_P)
-                n_pool = tl.load(fill, cache_modifier=".cg")
-                tl.store(fill, 0)  # the next launch captures from an empty pool
-                token = -1
-                # Rows past the first rejection are sampled by nobody.
-                if stopped == 0:
-                    mask_row_ptr, mask_on = _bitmask_row(bitmask_ptr, bitmask_stride,
-                                                         bitmask_rows_ptr, bitmask_on_ptr, row,
-                                                         HAS_BITMASK, HAS_BITMASK_FLAG)
-                    row_ptr = logits_ptr + row.to(tl.int64) * logits_stride
-                    token = settle_token(part, n_pool, pool_x, pool_id, stats, row_ptr,
-                                         mask_row_ptr, mask_on,
-                                         rng.row_key(seed_lo, seed_hi, seq_len + r), inv_temp,
-                                         top_k, top_p, min_p, is_random, filtered, small_k,
-                                         VOCAB, SPLITS, SPLITS_P, CAP, TILE, BLOCK, SMALL_BLOCK,
-                                         HAS_BITMASK, RADIX_BITS)
-                    if K > 0:
-                        if num_logprobs > 0:
-                            settle_logprobs(part, n_pool, pool_x, pool_id, stats, rec_ptr,
-                                            row_ptr, r, token, num_logprobs, VOCAB, M, K, K_P,
-                                            SPLITS, SPLITS_P, CAP, TILE, BLOCK, SMALL_BLOCK)
-                samples = tl.where(row_ids == r, token, samples)
-                draft = -1
-                if HAS_DRAFTS:
-                    draft = tl.load(draft_ptr + row)
-                reject = (stopped == 0) & (r < m - 1) & (token != draft)
-                accepted = tl.where(reject, r, accepted)
-                stopped = tl.where(reject, 1, stopped)
-        tl.store(rec_ptr + row_ids, tl.where(row_ids <= accepted, samples, -1), mask=row_ids < M)
-        tl.store(rec_ptr + M, accepted + 1)
-        tl.store(rec_ptr + M + 1, m - 1 - accepted)
-        tl.store(rec_ptr + M + 2, num_nans)
         if K > 0:
-            # Rows up to `accepted` hold their logprobs (written above when the slot wants them).
-            empty = tl.full([K_P], -1, tl.int32)
-            for r in range(0, M):
-                if (r > accepted) | (num_logprobs == 0):
-                    store_logprobs(rec_ptr, r, empty, empty.to(tl.float32),
-                                   tl.full((), float("-inf"), tl.float32),
-                                   tl.full((), 0, tl.int32), 0, M, K, K_P)
+            if num_logprobs > 0:
+                settle_logprobs(part, n_pool, pool_x, pool_id, stats, rec_ptr, row_ptr, r, token,
+                                num_logprobs, VOCAB, M, K, K_P, SPLITS, SPLITS_P, CAP, TILE,
+                                BLOCK, SMALL_BLOCK)
+        if M == 1:
+            _assemble(rec_ptr, token, tl.max(load_part(part, P_NAN, SPLITS, SPLITS_P, 0, False),
+                                             axis=0), 0, num_logprobs, M, K, K_P)
+        else:
+            # The request's rows settle in parallel; the last to finish verifies the drafts.
+            tokens, arrivals = workspace_request(ws_ptr, req, M, ROWS, SPLITS, CAP)
+            tl.store(tokens + r, token)
+            if _arrive(arrivals, m):
+                _assemble_drafts(rec_ptr, tokens, ws_ptr, req, first_row, m, draft_ptr,
+                                 num_logprobs, M, M_P, K, K_P, SPLITS, SPLITS_P, ROWS, CAP,
+                                 HAS_DRAFTS)
+
+
+@triton.jit
+def _arrive(counter_ptr, count):
+    """Count this program in; True for the last of `count` programs, which then sees every
+    other program's stores (release/acquire at GPU scope) and resets the counter."""
+    tl.debug_barrier()
+    last = tl.atomic_add(counter_ptr, 1, sem="acq_rel", scope="gpu") == count - 1
+    if last:
+        tl.store(counter_ptr, 0)
+    tl.debug_barrier()
+    return last
+
+
+@triton.jit
+def _assemble(rec_ptr, token, num_nans, accepted, num_logprobs, M: tl.constexpr, K: tl.constexpr,
+              K_P: tl.constexpr):
+    """A one-row request's record: its token, 1 sampled, 0 rejected, its NaN count."""
+    tl.store(rec_ptr, token)
+    tl.store(rec_ptr + M, accepted + 1)
+    tl.store(rec_ptr + M + 1, 0)
+    tl.store(rec_ptr + M + 2, num_nans)
+    if K > 0:
+        if num_logprobs == 0:
+            _blank_logprobs(rec_ptr, 0, M, K, K_P)
+
+
+@triton.jit
+def _assemble_drafts(rec_ptr, tokens, ws_ptr, req, first_row, m, draft_ptr, num_logprobs,
+                     M: tl.constexpr, M_P: tl.constexpr, K: tl.constexpr, K_P: tl.constexpr,
+                     SPLITS: tl.constexpr, SPLITS_P: tl.constexpr, ROWS: tl.constexpr,
+                     CAP: tl.constexpr, HAS_DRAFTS: tl.constexpr):
+    """A request's record from its rows' tokens: drafts accepted along the longest matching
+    prefix (the first mismatch is the correction token), tokens past it -1, logprobs blank."""
+    rows = tl.arange(0, M_P)
+    samples = tl.load(tokens + rows, mask=rows < m, other=-1, cache_modifier=".cg")
+    drafts = tl.full([M_P], -1, tl.int32)
+    if HAS_DRAFTS:
+        drafts = tl.load(draft_ptr + first_row + rows, mask=rows < m - 1, other=-1)
+    reject = (rows < m - 1) & (samples != drafts)
+    accepted = tl.min(tl.where(reject, rows, m - 1), axis=0)
+    num_nans = 0
+    for r in range(0, M):
+        if r < m:
+            part = workspace_row(ws_ptr, req * M + r, ROWS, SPLITS, CAP)[0]
+            num_nans += tl.max(load_part(part, P_NAN, SPLITS, SPLITS_P, 0, False), axis=0)
+    tl.store(rec_ptr + rows, tl.where(rows <= accepted, samples, -1), mask=rows < M)
+    tl.store(rec_ptr + M, accepted + 1)
+    tl.store(rec_ptr + M + 1, m - 1 - accepted)
+    tl.store(rec_ptr + M + 2, num_nans)
+    if K > 0:
+        for r in range(0, M):
+            # Rows up to `accepted` hold their logprobs (written when the slot wants them).
+            if (r > accepted) | (num_logprobs == 0):
+                _blank_logprobs(rec_ptr, r, M, K, K_P)
+
+
+@triton.jit
+def _blank_logprobs(rec_ptr, r, M: tl.constexpr, K: tl.constexpr, K_P: tl.constexpr):
+    empty = tl.full([K_P], -1, tl.int32)
+    store_logprobs(rec_ptr, r, empty, empty.to(tl.float32),
+                   tl.full((), float("-inf"), tl.float32), tl.full((), 0, tl.int32), 0, M, K, K_P)
 
 
 # --------------------------------------------------------------------------- host side
@@ -467,10 +508,10 @@ def sample(logits: torch.Tensor, *, vocab_size: int, num_reqs: torch.Tensor,
            VOCAB=vocab_size, M=m, K=k, CHUNK=chunk, SPLITS=splits, ROWS=rows, CAP=cap,
            LANES=lanes, TOP=top, BLOCK=chunk_block, **flags,
            num_warps=8 if chunk_block >= 1024 else 4)
-    launch(_finish_kernel, (max_num_reqs,), *common,
+    launch(_finish_kernel, (max_num_reqs * m,), *common,
            draft_tokens if draft_tokens is not None else dummy,
            VOCAB=vocab_size, M=m, M_P=triton.next_power_of_2(m), K=k, K_P=k_p, SPLITS=splits,
            SPLITS_P=max(triton.next_power_of_2(splits), 2), ROWS=rows, CAP=cap, TILE=tile,
-           TOP=top, HAS_DRAFTS=draft_tokens is not None, **flags, BLOCK=block,
+           TOP=top, HAS_DRAFTS=draft_tokens is not None, **flags, BLOCK=chunk_block,
            SMALL_BLOCK=min(block, SMALL_BLOCK_SIZE), RADIX_BITS=RADIX_BITS,
-           num_warps=8 if block >= 2048 else 4)
+           num_warps=8 if chunk_block >= 1024 else 4)

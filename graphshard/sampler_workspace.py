@@ -5,7 +5,9 @@ Sections, in order (rows = max_num_reqs * M, one per logits row a launch may sam
 - fill [rows]: candidates captured into the row's pool (an atomic counter; the per-request
   kernel resets it to 0 after reading, so launches, graph replays included, start from 0);
 - pool [rows, 2, pool_size]: the candidates' logit bits and ids (`sampler_select`);
-- stats [NUM_STATS]: cumulative counts of rows the slower whole-row paths settled.
+- stats [NUM_STATS]: cumulative counts of rows the slower whole-row paths settled;
+- tokens [rows] and arrivals [max_num_reqs]: a request's settled tokens, and how many of its
+  rows have settled (reset to 0 by the last, which writes the request's record).
 """
 
 from __future__ import annotations
@@ -35,7 +37,7 @@ P_FLOOR_R = tl.constexpr(6)  # tokens with a raw logit below this were not captu
 P_MAX_R = tl.constexpr(7)  # max raw logit
 P_SUM_R = tl.constexpr(8)  # sum exp(raw - chunk max raw)
 P_SUM_S = tl.constexpr(9)  # sum exp(s - chunk max s) over the allowed tokens
-NUM_STATS = 4
+NUM_STATS = tl.constexpr(4)
 STAT_DRAWS = tl.constexpr(0)
 STAT_LOGPROBS = tl.constexpr(1)
 STAT_COUNTS = tl.constexpr(2)
@@ -52,6 +54,14 @@ def workspace_row(ws_ptr, row_id, ROWS: tl.constexpr, SPLITS: tl.constexpr, CAP:
     pool = ws_ptr + ROWS * (NUM_PART * SPLITS + 1) + row_id * (2 * CAP)
     stats = ws_ptr + ROWS * (NUM_PART * SPLITS + 1 + 2 * CAP)
     return part, fill, pool, pool + CAP, stats
+
+
+@triton.jit
+def workspace_request(ws_ptr, req, M: tl.constexpr, ROWS: tl.constexpr, SPLITS: tl.constexpr,
+                      CAP: tl.constexpr):
+    """Pointers to one request's (settled tokens [M], arrival counter)."""
+    tokens = ws_ptr + ROWS * (NUM_PART * SPLITS + 1 + 2 * CAP) + NUM_STATS
+    return tokens + req * M, tokens + ROWS + req
 
 
 def chunk_size_for(vocab_size: int, chunk_size: int | None) -> int:
@@ -72,10 +82,12 @@ def pool_size_for(splits: int, pool_size: int | None) -> int:
     return pool_size
 
 
-def section_sizes(rows: int, splits: int, pool: int) -> dict[str, int]:
-    """Sizes of the sections, in the order `workspace_row` lays them out."""
+def section_sizes(reqs: int, m: int, splits: int, pool: int) -> dict[str, int]:
+    """Sizes of the sections, in the order `workspace_row` and `workspace_request` lay them
+    out."""
+    rows = reqs * m
     return {"partials": rows * NUM_PART.value * splits, "fill": rows, "pool": rows * 2 * pool,
-            "stats": NUM_STATS}
+            "stats": NUM_STATS.value, "tokens": rows, "arrivals": reqs}
 
 
 class SamplerWorkspace:
@@ -84,7 +96,7 @@ class SamplerWorkspace:
     Allocate one before graph capture, at the largest `max_num_reqs` any launch will use, and
     keep it alive as long as the graphs: a captured step must be given one (`sample` allocates
     a fresh one per call otherwise, which is for eager use only). Launches leave the pool fills
-    at zero; everything else is written before it is read."""
+    and arrival counters at zero; everything else is written before it is read."""
 
     def __init__(self, buffer: torch.Tensor, max_num_reqs: int, max_num_logits_per_req: int,
                  vocab_size: int, chunk_size: int | None = None, pool_size: int | None = None):
@@ -93,7 +105,7 @@ class SamplerWorkspace:
         self.pool_size = pool_size_for(self.num_splits, pool_size)
         self.max_num_reqs, self.max_num_logits_per_req = max_num_reqs, max_num_logits_per_req
         self.vocab_size = vocab_size
-        sizes = section_sizes(max_num_reqs * max_num_logits_per_req, self.num_splits,
+        sizes = section_sizes(max_num_reqs, max_num_logits_per_req, self.num_splits,
                               self.pool_size)
         if not isinstance(buffer, torch.Tensor) or buffer.dtype != torch.int32:
             raise TypeError("buffer must be an int32 tensor")
@@ -101,7 +113,8 @@ class SamplerWorkspace:
             raise ValueError(f"buffer must be a contiguous [{sum(sizes.values())}] tensor, got "
                              f"shape {tuple(buffer.shape)}")
         self.buffer = buffer  # the kernels' one pointer; the views below are its sections
-        self.partials, self.fill, self.pool, self.stats = torch.split(buffer, list(sizes.values()))
+        self.partials, self.fill, self.pool, self.stats, self.tokens, self.arrivals = \
+            torch.split(buffer, list(sizes.values()))
 
     @classmethod
     def allocate(cls, max_num_reqs: int, max_num_logits_per_req: int, vocab_size: int,
@@ -118,8 +131,8 @@ class SamplerWorkspace:
         chunk = chunk_size_for(vocab_size, chunk_size)
         splits = -(-vocab_size // chunk)
         pool = pool_size_for(splits, pool_size)
-        size = sum(section_sizes(max_num_reqs * max_num_logits_per_req, splits, pool).values())
-        # Zeros: the pool fills must start at 0.
+        size = sum(section_sizes(max_num_reqs, max_num_logits_per_req, splits, pool).values())
+        # Zeros: the pool fills and arrival counters must start at 0.
         buffer = torch.zeros(size, dtype=torch.int32, device=device)
         return cls(buffer, max_num_reqs, max_num_logits_per_req, vocab_size, chunk, pool)
 

@@ -679,7 +679,7 @@ def test_workspace_reused_across_batch_sizes_and_stale_contents():
         records, layout = run_kernel(head, M=2, vocab_size=SV, max_num_reqs=bound,
                                      block_size=32, workspace=ws)
         assert_same(records, layout, {k: v[:n] for k, v in want.items()})
-        assert (ws.fill == 0).all()
+        assert (ws.fill == 0).all() and (ws.arrivals == 0).all()
 
 
 def test_default_chunks_depend_on_the_vocabulary_only():
@@ -727,7 +727,7 @@ def test_one_compiled_kernel_pair_serves_every_batch_size(monkeypatch):
     for kernel, ks in keys.items():
         assert len(ks) == 4 and len(set(ks)) == 1, kernel
     assert grids[sampler._scan_kernel] == [(2 * b, 4) for b in bounds]
-    assert grids[sampler._finish_kernel] == [(b,) for b in bounds]
+    assert grids[sampler._finish_kernel] == [(2 * b,) for b in bounds]
 
 
 def _valid_args(**over):

@@ -1,0 +1,116 @@
+"""The sampler and plan kernels compile for sm_90 (H100/H200) on a machine without a GPU.
+
+The CPU suite runs kernels under the Triton interpreter, which accepts code the compiler
+rejects (a name rebound to another type, a non-constexpr global) and says nothing about
+registers. This test compiles the kernels the way a GPU run would, in a child process without
+TRITON_INTERPRET (the interpreter replaces `@triton.jit` at import), and checks with the ptxas
+Triton ships that the streaming scan neither spills nor needs more than 80 registers per thread
+(three programs of 8 warps per SM).
+
+Run alone: `python -m tests.test_compile_sm90` prints each kernel's registers and spills.
+"""
+
+from __future__ import annotations
+
+import inspect
+import json
+import os
+import re
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _ptxas() -> Path | None:
+    import triton
+
+    path = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "ptxas"
+    return path if path.exists() else None
+
+
+def _compile(kernel, args: dict, consts: dict, num_warps: int, tmp: str) -> dict:
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    names = inspect.signature(kernel.fn).parameters
+    sig = {n: ("constexpr" if n in consts else args[n]) for n in names}
+    ck = triton.compile(ASTSource(fn=kernel, signature=sig, constexprs=consts),
+                        target=GPUTarget("cuda", 90, 32), options=dict(num_warps=num_warps))
+    ptx = Path(tmp) / f"{kernel.fn.__name__}.ptx"
+    ptx.write_text(ck.asm["ptx"])
+    out = subprocess.run([str(_ptxas()), "-arch=sm_90a", "-v", str(ptx), "-o", str(ptx) + ".o"],
+                         capture_output=True, text=True, check=True).stderr
+    regs = int(re.search(r"Used (\d+) registers", out).group(1))
+    spills = sum(int(v) for v in re.findall(r"(\d+) bytes spill (?:stores|loads)", out))
+    return {"kernel": kernel.fn.__name__, "registers": regs, "spill_bytes": spills}
+
+
+def report() -> list[dict]:
+    """Compile every variant below; one dict per kernel variant."""
+    import triton
+
+    from graphshard import sampler
+    from graphshard.plan import _plan_kernel
+    from graphshard.sampler_workspace import CHUNK_SIZE, pool_size_for
+
+    rows = []
+    with tempfile.TemporaryDirectory() as tmp:
+        for vocab, dtype, m, k, bitmask in [(152064, "fp32", 1, 20, False),
+                                            (32000, "bf16", 3, 3, True)]:
+            splits = -(-vocab // CHUNK_SIZE)
+            common = dict(logits_ptr=f"*{dtype}", logits_stride="i32", num_reqs_ptr="*i32",
+                          req_slots_ptr="*i32", cu_num_logits_ptr="*i32", seq_lens_ptr="*i32",
+                          bitmask_ptr="*i32", bitmask_stride="i32", bitmask_rows_ptr="*i32",
+                          bitmask_on_ptr="*i32", slots_ptr="*i32", ws_ptr="*i32",
+                          records_ptr="*i32", records_stride="i32", draft_ptr="*i32")
+            shared = dict(VOCAB=vocab, M=m, K=k, SPLITS=splits, ROWS=1024 * m,
+                          CAP=pool_size_for(splits, None), TOP=256, HAS_BITMASK=bitmask,
+                          HAS_BITMASK_FLAG=bitmask)
+            tag = {"vocab": vocab, "dtype": dtype, "M": m, "K": k, "bitmask": bitmask}
+            rows.append(dict(tag, **_compile(
+                sampler._scan_kernel, common,
+                dict(shared, CHUNK=CHUNK_SIZE, LANES=1024, BLOCK=sampler.SCAN_BLOCK_SIZE),
+                8, tmp)))
+            k_p = max(triton.next_power_of_2(k), 2)
+            rows.append(dict(tag, **_compile(
+                sampler._finish_kernel, common,
+                dict(shared, M_P=triton.next_power_of_2(m), K_P=k_p,
+                     SPLITS_P=triton.next_power_of_2(splits), TILE=sampler.POOL_TILE,
+                     HAS_DRAFTS=m > 1, BLOCK=sampler.SCAN_BLOCK_SIZE, SMALL_BLOCK=512,
+                     RADIX_BITS=sampler.RADIX_BITS), 8, tmp)))
+        plan_args = {n: "*i32" for n in inspect.signature(_plan_kernel.fn).parameters}
+        plan_args.update(max_num_reqs="i32", max_num_rows="i32", gather_stride="i32")
+        rows.append(_compile(_plan_kernel, plan_args,
+                             dict(TP_SIZE=2, TP_RANK=1, PADDED_NUM_REQS=1024,
+                                  PADDED_NUM_LOGITS_PER_REQ=4, HAS_DRAFTS=True), 8, tmp))
+    return rows
+
+
+@pytest.mark.skipif(_ptxas() is None, reason="this Triton build ships no NVIDIA ptxas")
+def test_kernels_compile_for_sm90_and_the_scan_does_not_spill():
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env["TRITON_CACHE_DIR"] = tempfile.mkdtemp(prefix="graphshard-sm90-")
+    done = subprocess.run([sys.executable, "-m", "tests.test_compile_sm90", "--json"], cwd=ROOT,
+                          env=env, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-4000:]
+    rows = json.loads(done.stdout.splitlines()[-1])
+    assert {r["kernel"] for r in rows} == {"_scan_kernel", "_finish_kernel", "_plan_kernel"}
+    for r in rows:
+        assert r["spill_bytes"] == 0 or r["kernel"] != "_scan_kernel", r
+        if r["kernel"] == "_scan_kernel" and not r["bitmask"]:
+            assert r["registers"] <= 80, r
+
+
+if __name__ == "__main__":
+    result = report()
+    if "--json" in sys.argv:
+        print(json.dumps(result))
+    else:
+        for r in result:
+            print(r)
