@@ -73,7 +73,7 @@ from graphshard.records import RecordLayout
 from graphshard.sampler_resolve import load_part, settle_logprobs, settle_token, store_logprobs
 from graphshard.sampler_rows import load_masked, scan_chunk, uses_filters
 from graphshard.sampler_select import capture, chunk_floor, fold_lanes
-from graphshard.sampler_workspace import (CHUNK_TOP, P_ARG_X, P_ARG_Z, P_FLOOR_R, P_FLOOR_S,
+from graphshard.sampler_workspace import (CHUNK_TOP, MAX_LOGPROBS, P_ARG_X, P_ARG_Z, P_FLOOR_R, P_FLOOR_S,
                                           P_MAX_R, P_MAX_X, P_MAX_Z, P_NAN, P_SUM_R, P_SUM_S,
                                           SamplerWorkspace, workspace_request, workspace_row)
 
@@ -92,6 +92,9 @@ RADIX_BITS = 4
 # Lane maxima a chunk folds its tiles into before picking its capture floor.
 FLOOR_LANES = 1024
 SLOT_ROW = tl.constexpr(SLOT_WIDTH)
+# Key digits a capture floor is resolved to: 16 bits (sign, exponent, 7 mantissa bits) put the
+# floor within 1% of the exact order statistic.
+FLOOR_PASSES = 4
 
 
 # --------------------------------------------------------------------------- shared set-up
@@ -161,7 +164,7 @@ def _scan_kernel(
     VOCAB: tl.constexpr, M: tl.constexpr, K: tl.constexpr, CHUNK: tl.constexpr,
     SPLITS: tl.constexpr, ROWS: tl.constexpr, CAP: tl.constexpr, LANES: tl.constexpr,
     TOP: tl.constexpr, BLOCK: tl.constexpr, HAS_BITMASK: tl.constexpr,
-    HAS_BITMASK_FLAG: tl.constexpr,
+    HAS_BITMASK_FLAG: tl.constexpr, FLOOR_PASSES: tl.constexpr, RADIX_BITS: tl.constexpr,
 ):
     row_id = tl.program_id(0)
     r = row_id % M
@@ -196,23 +199,27 @@ def _scan_kernel(
                 row_ptr, mask_row_ptr, mask_on, lo, CHUNK, VOCAB, inv_temp, key, no_key,
                 float("-inf"), False, BLOCK, HAS_BITMASK)
         max_r = tl.max(lane_r, axis=0)
-        part, fill, pool_x, pool_id, stats = workspace_row(ws_ptr, row_id, ROWS, SPLITS, CAP)
+        part, fill, pool_x, pool_id, stats, top = workspace_row(ws_ptr, row_id, ROWS, SPLITS, CAP)
         floor_s = tl.full((), float("inf"), tl.float32)
         floor_r = tl.full((), float("inf"), tl.float32)
         sum_s = tl.full((), 0.0, tl.float32)
         sum_r = tl.full((), 0.0, tl.float32)
-        if (need_s > 0) | (need_r > 0):
+        # A one-chunk vocabulary is settled by whole-row passes: nothing to capture.
+        if (SPLITS > 1) & ((need_s > 0) | (need_r > 0)):
             separate = False
             if HAS_BITMASK:
                 separate = mask_on
             if separate:
                 floor_s = tl.where(need_s > 0, chunk_floor(fold_lanes(lane_x, BLOCK, LANES),
-                                                           need_s, LANES, TOP), float("inf"))
+                                                           need_s, LANES, FLOOR_PASSES,
+                                                           RADIX_BITS), float("inf"))
                 floor_r = tl.where(need_r > 0, chunk_floor(fold_lanes(lane_r, BLOCK, LANES),
-                                                           need_r, LANES, TOP), float("inf"))
+                                                           need_r, LANES, FLOOR_PASSES,
+                                                           RADIX_BITS), float("inf"))
             else:
                 floor_s = chunk_floor(fold_lanes(lane_x, BLOCK, LANES),
-                                      tl.maximum(need_s, need_r), LANES, TOP)
+                                      tl.maximum(need_s, need_r), LANES, FLOOR_PASSES,
+                                      RADIX_BITS)
                 floor_r = floor_s
             sum_s, sum_r = _sweep(row_ptr, mask_row_ptr, mask_on, lo, fill, pool_x, pool_id,
                                   inv_temp, floor_s, floor_r, max_x * inv_temp, max_r,
@@ -278,7 +285,7 @@ def _finish_kernel(
         (inv_temp, top_k, top_p, min_p, seed_lo, seed_hi, num_logprobs, is_random,
          filtered) = _slot_params(slots_ptr, slot, VOCAB, K)
         row = first_row + r
-        part, fill, pool_x, pool_id, stats = workspace_row(ws_ptr, row_id, ROWS, SPLITS, CAP)
+        part, fill, pool_x, pool_id, stats, top = workspace_row(ws_ptr, row_id, ROWS, SPLITS, CAP)
         n_pool = tl.load(fill, cache_modifier=".cg")
         tl.store(fill, 0)  # the next launch captures into an empty pool
         mask_row_ptr, mask_on = _bitmask_row(bitmask_ptr, bitmask_stride, bitmask_rows_ptr,
@@ -292,9 +299,9 @@ def _finish_kernel(
         rec_ptr = records_ptr + req.to(tl.int64) * records_stride
         if K > 0:
             if num_logprobs > 0:
-                settle_logprobs(part, n_pool, pool_x, pool_id, stats, rec_ptr, row_ptr, r, token,
-                                num_logprobs, VOCAB, M, K, K_P, SPLITS, SPLITS_P, CAP, TILE,
-                                BLOCK, SMALL_BLOCK)
+                settle_logprobs(part, n_pool, pool_x, pool_id, stats, top, rec_ptr, row_ptr, r,
+                                token, num_logprobs, VOCAB, M, K, K_P, SPLITS, SPLITS_P, CAP,
+                                TILE, BLOCK, SMALL_BLOCK, RADIX_BITS)
         if M == 1:
             _assemble(rec_ptr, token, tl.max(load_part(part, P_NAN, SPLITS, SPLITS_P, 0, False),
                                              axis=0), 0, num_logprobs, M, K, K_P)
@@ -480,8 +487,8 @@ def sample(logits: torch.Tensor, *, vocab_size: int, num_reqs: torch.Tensor,
     m, k = layout.max_num_logits_per_req, layout.num_logprobs
     # tl.topk needs at least 2 entries.
     k_p = max(triton.next_power_of_2(k), 2)
-    if k_p > SMALL_BLOCK_SIZE:
-        raise ValueError(f"layout.num_logprobs must be <= {SMALL_BLOCK_SIZE}, got {k}")
+    if k > MAX_LOGPROBS.value:
+        raise ValueError(f"layout.num_logprobs must be <= {MAX_LOGPROBS.value}, got {k}")
     block = _block_size(vocab_size, k_p, block_size)
     if workspace is None:
         workspace = SamplerWorkspace.allocate(max_num_reqs, m, vocab_size, device)
@@ -506,8 +513,8 @@ def sample(logits: torch.Tensor, *, vocab_size: int, num_reqs: torch.Tensor,
     top = min(CHUNK_TOP, lanes)
     launch(_scan_kernel, (max_num_reqs * m, splits), *common,
            VOCAB=vocab_size, M=m, K=k, CHUNK=chunk, SPLITS=splits, ROWS=rows, CAP=cap,
-           LANES=lanes, TOP=top, BLOCK=chunk_block, **flags,
-           num_warps=8 if chunk_block >= 1024 else 4)
+           LANES=lanes, TOP=top, BLOCK=chunk_block, **flags, FLOOR_PASSES=FLOOR_PASSES,
+           RADIX_BITS=RADIX_BITS, num_warps=8 if chunk_block >= 1024 else 4)
     launch(_finish_kernel, (max_num_reqs * m,), *common,
            draft_tokens if draft_tokens is not None else dummy,
            VOCAB=vocab_size, M=m, M_P=triton.next_power_of_2(m), K=k, K_P=k_p, SPLITS=splits,

@@ -99,7 +99,13 @@ def settle_token(part, n_pool, pool_x, pool_id, stats, row_ptr, mask_row_ptr, ma
         w0 = combine_max(part, P_MAX_Z, P_ARG_Z, SPLITS, SPLITS_P)[1]
         token = w0
         max_s = max_x * inv_temp
-        if filtered & (max_x > float("-inf")):
+        if SPLITS == 1:
+            # A one-chunk vocabulary is one program's work whatever the path: no pool.
+            if filtered & (max_x > float("-inf")):
+                token = draw_filtered(row_ptr, mask_row_ptr, mask_on, VOCAB, key, inv_temp, max_x,
+                                      top_k, top_p, min_p, BLOCK, SMALL_BLOCK, HAS_BITMASK,
+                                      RADIX_BITS)
+        elif filtered & (max_x > float("-inf")):
             floor_x = tl.max(load_part(part, P_FLOOR_S, SPLITS, SPLITS_P, float("-inf"), True),
                              axis=0)
             norm = softmax_mass(part, P_MAX_X, P_SUM_S, max_s, inv_temp, SPLITS, SPLITS_P)
@@ -167,20 +173,38 @@ def draw_from_pool(pool_x, pool_id, n_pool, floor_x, norm, w0, key, inv_temp, ma
 
 
 @triton.jit
-def settle_logprobs(part, n_pool, pool_x, pool_id, stats, rec_ptr, row_ptr, r, token, num,
+def settle_logprobs(part, n_pool, pool_x, pool_id, stats, top, rec_ptr, row_ptr, r, token, num,
                     VOCAB: tl.constexpr, M: tl.constexpr, K: tl.constexpr, K_P: tl.constexpr,
                     SPLITS: tl.constexpr, SPLITS_P: tl.constexpr, CAP: tl.constexpr,
-                    TILE: tl.constexpr, BLOCK: tl.constexpr, SMALL_BLOCK: tl.constexpr):
+                    TILE: tl.constexpr, BLOCK: tl.constexpr, SMALL_BLOCK: tl.constexpr,
+                    RADIX_BITS: tl.constexpr):
     """Row r's logprob fields: the top-K list and the token's logprob from the pool when it
     holds every token they need, its rank when the token lies above every floor; whole-row
     passes for what the pool cannot prove."""
+    if SPLITS == 1:
+        ids, vals, token_logprob, rank = logprob_row(row_ptr, VOCAB, token, SMALL_BLOCK, K_P)
+        store_logprobs(rec_ptr, r, ids, vals, token_logprob, rank, num, M, K, K_P)
+    else:
+        _settle_logprobs_from_pool(part, n_pool, pool_x, pool_id, stats, top, rec_ptr, row_ptr,
+                                   r, token, num, VOCAB, M, K, K_P, SPLITS, SPLITS_P, CAP, TILE,
+                                   BLOCK, SMALL_BLOCK, RADIX_BITS)
+
+
+@triton.jit
+def _settle_logprobs_from_pool(part, n_pool, pool_x, pool_id, stats, top, rec_ptr, row_ptr, r,
+                               token, num, VOCAB: tl.constexpr, M: tl.constexpr,
+                               K: tl.constexpr, K_P: tl.constexpr, SPLITS: tl.constexpr,
+                               SPLITS_P: tl.constexpr, CAP: tl.constexpr, TILE: tl.constexpr,
+                               BLOCK: tl.constexpr, SMALL_BLOCK: tl.constexpr,
+                               RADIX_BITS: tl.constexpr):
     n_cand = tl.minimum(n_pool, CAP)
     whole = n_pool <= CAP
     max_r = tl.max(load_part(part, P_MAX_R, SPLITS, SPLITS_P, float("-inf"), True), axis=0)
     total = softmax_mass(part, P_MAX_R, P_SUM_R, max_r, 1.0, SPLITS, SPLITS_P)
     lse = tl.where(max_r == float("-inf"), 0.0, max_r + tl.log(total))
     floor_r = tl.max(load_part(part, P_FLOOR_R, SPLITS, SPLITS_P, float("-inf"), True), axis=0)
-    ids, vals, xs = unpack_top(top_raw(pool_x, pool_id, n_cand, CAP, TILE, K_P), lse)
+    ids, vals, xs = unpack_top(top_raw(pool_x, pool_id, n_cand, num, top, CAP, TILE, K_P,
+                                       RADIX_BITS), lse)
     at = tl.arange(0, K_P)
     last_x = tl.max(tl.where(at == num - 1, xs, float("-inf")), axis=0)
     # The list is exact when its last needed entry is finite and at or above every floor.

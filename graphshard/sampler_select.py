@@ -24,13 +24,27 @@ ID_BITS = tl.constexpr(0x7FFFFFFF)
 
 
 @triton.jit
-def chunk_floor(lane_max, need, LANES: tl.constexpr, TOP: tl.constexpr):
-    """The `need`-th largest of `lane_max` [LANES] (-inf when need > TOP or need < 1): a lower
-    bound of the chunk's `need`-th largest value."""
-    top = tl.topk(lane_max, TOP)  # [TOP] descending
-    at = tl.arange(0, TOP)
-    theta = tl.max(tl.where(at == need - 1, top, float("-inf")), axis=0)
-    return tl.where((need >= 1) & (need <= TOP), theta, float("-inf"))
+def chunk_floor(lane_max, need, LANES: tl.constexpr, PASSES: tl.constexpr,
+                RADIX_BITS: tl.constexpr):
+    """A lower bound of the `need`-th largest of `lane_max` [LANES] (so of the chunk's `need`-th
+    largest value: `need` distinct elements are at least that large); -inf when need > LANES.
+
+    A radix search over the order-preserving keys stopped after PASSES digits: the prefix found
+    so far always has `need` keys at or above it, and zeroing the undecided bits only lowers it.
+    A sort would give the exact value, but costs more than the few extra captures saved."""
+    RADIX: tl.constexpr = 1 << RADIX_BITS
+    keys = order_key(lane_max)
+    digits = tl.arange(0, RADIX).to(tl.uint32)
+    prefix = tl.full((), 0, tl.uint32)
+    for p in tl.static_range(PASSES):
+        shift = 32 - RADIX_BITS * (p + 1)
+        cand = prefix | (digits << shift)  # [RADIX]
+        counts = tl.sum((keys[None, :] >= cand[:, None]).to(tl.int32), axis=1)
+        digit = tl.maximum(tl.sum((counts >= need).to(tl.int32), axis=0) - 1, 0)
+        prefix = prefix | (digit.to(tl.uint32) << shift)
+    # Below the key of -inf lie only NaN patterns: every lane max is at least -inf.
+    theta = key_to_float(tl.maximum(prefix, order_key(tl.full((), float("-inf"), tl.float32))))
+    return tl.where(need <= LANES, theta, float("-inf"))
 
 
 @triton.jit
@@ -155,21 +169,47 @@ def count_raw_above(pool_x_ptr, pool_id_ptr, n_cand, value, CAP: tl.constexpr, T
 
 
 @triton.jit
-def top_raw(pool_x_ptr, pool_id_ptr, n_cand, CAP: tl.constexpr, TILE: tl.constexpr,
-            K_P: tl.constexpr):
-    """Top-K_P captured tokens by raw logit, ties by lower id: sorted 64-bit keys (value key,
-    inverted id), 0 = empty. Merged tile by tile like `sampler_rows.logprob_row`."""
-    best = tl.zeros([K_P], tl.uint64)
+def _rank_keys(pool_x_ptr, pool_id_ptr, t, n_cand, TILE: tl.constexpr):
+    """64-bit keys of a pool tile ordering by raw logit, then lower id; 0 for dead entries."""
+    _, x, ids, _ = load_pool(pool_x_ptr, pool_id_ptr, t, n_cand, 1.0, TILE)
+    live = (t + tl.arange(0, TILE)) < n_cand
+    inverted = ids.to(tl.uint32) ^ 0xFFFFFFFF
+    return tl.where(live, (order_key(x).to(tl.uint64) << 32) | inverted.to(tl.uint64), 0), live
+
+
+@triton.jit
+def top_raw(pool_x_ptr, pool_id_ptr, n_cand, num, scratch_ptr, CAP: tl.constexpr,
+            TILE: tl.constexpr, K_P: tl.constexpr, RADIX_BITS: tl.constexpr):
+    """Top-`num` (<= K_P) captured tokens by raw logit, ties by lower id: sorted 64-bit keys
+    (value key, inverted id), 0 = empty. The keys are unique, so a radix search finds the
+    `num`-th largest exactly; the `num` keys at or above it are compacted into `scratch_ptr`
+    (K_P int64) and sorted."""
+    RADIX: tl.constexpr = 1 << RADIX_BITS
+    digits = tl.arange(0, RADIX).to(tl.uint64)
+    prefix = tl.full((), 0, tl.uint64)
+    for p in tl.static_range(64 // RADIX_BITS):
+        shift = 64 - RADIX_BITS * (p + 1)
+        cand = prefix | (digits << shift)  # [RADIX]
+        acc = tl.zeros([RADIX], tl.int32)
+        for t in range(0, CAP, TILE):
+            if t < n_cand:
+                keys, live = _rank_keys(pool_x_ptr, pool_id_ptr, t, n_cand, TILE)
+                hit = (keys[None, :] >= cand[:, None]) & live[None, :]
+                acc += tl.sum(hit.to(tl.int32), axis=1)
+        digit = tl.maximum(tl.sum((acc >= num).to(tl.int32), axis=0) - 1, 0)
+        prefix = prefix | (digit.to(tl.uint64) << shift)
+    filled = tl.full((), 0, tl.int32)
     for t in range(0, CAP, TILE):
         if t < n_cand:
-            _, x, ids, _ = load_pool(pool_x_ptr, pool_id_ptr, t, n_cand, 1.0, TILE)
-            live = (t + tl.arange(0, TILE)) < n_cand
-            inverted = ids.to(tl.uint32) ^ 0xFFFFFFFF
-            rank_key = (order_key(x).to(tl.uint64) << 32) | inverted.to(tl.uint64)
-            rank_key = tl.where(live, rank_key, 0)
-            top = tl.topk(rank_key, K_P)
-            best = tl.sort(tl.maximum(best, tl.flip(top, 0)), descending=True)
-    return best
+            keys, live = _rank_keys(pool_x_ptr, pool_id_ptr, t, n_cand, TILE)
+            take = live & (keys >= prefix)
+            pos = filled + tl.cumsum(take.to(tl.int32), axis=0) - 1
+            tl.store(scratch_ptr + pos, keys.to(tl.int64, bitcast=True), mask=take & (pos < K_P))
+            filled += tl.sum(take.to(tl.int32), axis=0)
+    tl.debug_barrier()  # the stores above came from other threads of this program
+    at = tl.arange(0, K_P)
+    best = tl.load(scratch_ptr + at, mask=at < tl.minimum(filled, K_P), other=0)
+    return tl.sort(best.to(tl.uint64, bitcast=True), descending=True)
 
 
 @triton.jit

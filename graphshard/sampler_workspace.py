@@ -1,6 +1,8 @@
 """The sampler's static scratch: one int32 buffer the kernels take as one pointer.
 
 Sections, in order (rows = max_num_reqs * M, one per logits row a launch may sample):
+- top [rows, MAX_LOGPROBS] int64: scratch where a row's top-K logprob keys are sorted (first,
+  so it is 8-byte aligned);
 - partials [rows, NUM_PART, splits]: what each (row, vocabulary chunk) program found;
 - fill [rows]: candidates captured into the row's pool (an atomic counter; the per-request
   kernel resets it to 0 after reading, so launches, graph replays included, start from 0);
@@ -26,6 +28,8 @@ CHUNK_TOP = 256
 POOL_PER_SPLIT = 384
 MAX_POOL = 16384
 
+# The largest top-K a layout may ask for (Config.num_logprobs is at most 64 too).
+MAX_LOGPROBS = tl.constexpr(64)
 NUM_PART = tl.constexpr(10)
 P_NAN = tl.constexpr(0)  # 1 if the chunk holds a NaN
 P_MAX_X = tl.constexpr(1)  # max masked logit
@@ -47,20 +51,22 @@ STAT_NAMES = ("draw_fallback", "logprobs_fallback", "counted")
 @triton.jit
 def workspace_row(ws_ptr, row_id, ROWS: tl.constexpr, SPLITS: tl.constexpr, CAP: tl.constexpr):
     """Pointers to one row's sections: (partials [NUM_PART, SPLITS], pool fill, pool logits
-    [CAP], pool ids [CAP], stats)."""
+    [CAP], pool ids [CAP], stats, top-K scratch [MAX_LOGPROBS] int64)."""
     row_id = row_id.to(tl.int64)
-    part = ws_ptr + row_id * (NUM_PART * SPLITS)
-    fill = ws_ptr + ROWS * NUM_PART * SPLITS + row_id
-    pool = ws_ptr + ROWS * (NUM_PART * SPLITS + 1) + row_id * (2 * CAP)
-    stats = ws_ptr + ROWS * (NUM_PART * SPLITS + 1 + 2 * CAP)
-    return part, fill, pool, pool + CAP, stats
+    top = ws_ptr.to(tl.pointer_type(tl.int64)) + row_id * MAX_LOGPROBS
+    base = ws_ptr + ROWS * 2 * MAX_LOGPROBS
+    part = base + row_id * (NUM_PART * SPLITS)
+    fill = base + ROWS * NUM_PART * SPLITS + row_id
+    pool = base + ROWS * (NUM_PART * SPLITS + 1) + row_id * (2 * CAP)
+    stats = base + ROWS * (NUM_PART * SPLITS + 1 + 2 * CAP)
+    return part, fill, pool, pool + CAP, stats, top
 
 
 @triton.jit
 def workspace_request(ws_ptr, req, M: tl.constexpr, ROWS: tl.constexpr, SPLITS: tl.constexpr,
                       CAP: tl.constexpr):
     """Pointers to one request's (settled tokens [M], arrival counter)."""
-    tokens = ws_ptr + ROWS * (NUM_PART * SPLITS + 1 + 2 * CAP) + NUM_STATS
+    tokens = ws_ptr + ROWS * (2 * MAX_LOGPROBS + NUM_PART * SPLITS + 1 + 2 * CAP) + NUM_STATS
     return tokens + req * M, tokens + ROWS + req
 
 
@@ -86,8 +92,9 @@ def section_sizes(reqs: int, m: int, splits: int, pool: int) -> dict[str, int]:
     """Sizes of the sections, in the order `workspace_row` and `workspace_request` lay them
     out."""
     rows = reqs * m
-    return {"partials": rows * NUM_PART.value * splits, "fill": rows, "pool": rows * 2 * pool,
-            "stats": NUM_STATS.value, "tokens": rows, "arrivals": reqs}
+    return {"top": rows * 2 * MAX_LOGPROBS.value, "partials": rows * NUM_PART.value * splits,
+            "fill": rows, "pool": rows * 2 * pool, "stats": NUM_STATS.value, "tokens": rows,
+            "arrivals": reqs}
 
 
 class SamplerWorkspace:
@@ -113,8 +120,8 @@ class SamplerWorkspace:
             raise ValueError(f"buffer must be a contiguous [{sum(sizes.values())}] tensor, got "
                              f"shape {tuple(buffer.shape)}")
         self.buffer = buffer  # the kernels' one pointer; the views below are its sections
-        self.partials, self.fill, self.pool, self.stats, self.tokens, self.arrivals = \
-            torch.split(buffer, list(sizes.values()))
+        (self.top, self.partials, self.fill, self.pool, self.stats, self.tokens,
+         self.arrivals) = torch.split(buffer, list(sizes.values()))
 
     @classmethod
     def allocate(cls, max_num_reqs: int, max_num_logits_per_req: int, vocab_size: int,

@@ -75,7 +75,8 @@ def report() -> list[dict]:
             tag = {"vocab": vocab, "dtype": dtype, "M": m, "K": k, "bitmask": bitmask}
             rows.append(dict(tag, **_compile(
                 sampler._scan_kernel, common,
-                dict(shared, CHUNK=CHUNK_SIZE, LANES=1024, BLOCK=sampler.SCAN_BLOCK_SIZE),
+                dict(shared, CHUNK=CHUNK_SIZE, LANES=1024, BLOCK=sampler.SCAN_BLOCK_SIZE,
+                     FLOOR_PASSES=sampler.FLOOR_PASSES, RADIX_BITS=sampler.RADIX_BITS),
                 8, tmp)))
             k_p = max(triton.next_power_of_2(k), 2)
             rows.append(dict(tag, **_compile(
