@@ -73,6 +73,13 @@ def count_row(row_ptr, mask_row_ptr, mask_on, VOCAB: tl.constexpr, inv_temp, v_s
 
 
 @triton.jit
+def _token_index(token, VOCAB: tl.constexpr):
+    """A token id used as an address, kept inside the row whatever the value (every path
+    yields ids in [0, VOCAB); this guards the loads should one not)."""
+    return tl.minimum(tl.maximum(token, 0), VOCAB - 1)
+
+
+@triton.jit
 def store_logprobs(rec_ptr, r, ids, vals, token_logprob, rank, num, M: tl.constexpr,
                    K: tl.constexpr, K_P: tl.constexpr):
     """Row r's logprob fields of a record; entries past `num` are empty."""
@@ -117,7 +124,7 @@ def settle_token(part, n_pool, pool_x, pool_id, stats, row_ptr, mask_row_ptr, ma
                 # The unfiltered winner (computed for these rows) is the answer exactly when it
                 # survives the filters: fewer than k tokens and less than top_p of the mass lie
                 # above it (the norm must not hang on an unsettled top-k), and min-p keeps it.
-                v_s = tl.load(row_ptr + w0).to(tl.float32) * inv_temp
+                v_s = tl.load(row_ptr + _token_index(w0, VOCAB)).to(tl.float32) * inv_temp
                 if ((min_p <= 0.0) | (v_s >= t_m)) & (k_ok | (top_p >= 1.0)):
                     above, mass, _r = count_row(row_ptr, mask_row_ptr, mask_on, VOCAB, inv_temp,
                                                 v_s, max_s, float("inf"), BLOCK, HAS_BITMASK)
@@ -140,7 +147,7 @@ def draw_from_pool(pool_x, pool_id, n_pool, floor_x, norm, w0, key, inv_temp, ma
     """Filtered Gumbel-max draw from the pool when every kept token is in it -> (drawn, token,
     min-p threshold, top-k settled). `floor_x` is the largest chunk floor, `norm` the row's
     total mass exp(s - max_s) (the top-p norm without top-k)."""
-    n_cand = tl.minimum(n_pool, CAP)
+    n_cand = tl.maximum(tl.minimum(n_pool, CAP), 0)
     whole = n_pool <= CAP  # every capture reached the pool
     below = floor_score(floor_x, inv_temp)  # the best score an uncaptured token can have
     all_in = whole & (floor_x == float("-inf"))  # every finite allowed token was captured
@@ -197,7 +204,7 @@ def _settle_logprobs_from_pool(part, n_pool, pool_x, pool_id, stats, top, rec_pt
                                SPLITS_P: tl.constexpr, CAP: tl.constexpr, TILE: tl.constexpr,
                                BLOCK: tl.constexpr, SMALL_BLOCK: tl.constexpr,
                                RADIX_BITS: tl.constexpr):
-    n_cand = tl.minimum(n_pool, CAP)
+    n_cand = tl.maximum(tl.minimum(n_pool, CAP), 0)
     whole = n_pool <= CAP
     max_r = tl.max(load_part(part, P_MAX_R, SPLITS, SPLITS_P, float("-inf"), True), axis=0)
     total = softmax_mass(part, P_MAX_R, P_SUM_R, max_r, 1.0, SPLITS, SPLITS_P)
@@ -209,7 +216,7 @@ def _settle_logprobs_from_pool(part, n_pool, pool_x, pool_id, stats, top, rec_pt
     last_x = tl.max(tl.where(at == num - 1, xs, float("-inf")), axis=0)
     # The list is exact when its last needed entry is finite and at or above every floor.
     list_ok = whole & (last_x > float("-inf")) & (last_x >= floor_r)
-    tok_x = tl.load(row_ptr + token).to(tl.float32)
+    tok_x = tl.load(row_ptr + _token_index(token, VOCAB)).to(tl.float32)
     tok_x = tl.where(tok_x != tok_x, float("-inf"), tok_x)
     if list_ok:
         if whole & (tok_x >= floor_r):

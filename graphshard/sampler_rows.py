@@ -167,7 +167,7 @@ def logprob_row(row_ptr, VOCAB: tl.constexpr, token, BLOCK: tl.constexpr, K_P: t
     logprob, its rank). The running top-K_P is a sorted list of 64-bit keys (value key, then
     inverted id, so ties rank lower ids first) merged with a tile only when the tile beats it."""
     lanes = tl.arange(0, BLOCK)
-    tok_x = tl.load(row_ptr + token).to(tl.float32)
+    tok_x = tl.load(row_ptr + tl.minimum(tl.maximum(token, 0), VOCAB - 1)).to(tl.float32)
     tok_x = tl.where(tok_x != tok_x, float("-inf"), tok_x)
     run_max = tl.full([BLOCK], float("-inf"), tl.float32)
     run_sum = tl.zeros([BLOCK], tl.float32)

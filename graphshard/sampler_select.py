@@ -71,7 +71,7 @@ def capture(pool_x_ptr, pool_id_ptr, count_ptr, x_raw, allowed, offs, take, CAP:
     if n > 0:
         base = tl.atomic_add(count_ptr, n, sem="relaxed")
         pos = base + tl.cumsum(take.to(tl.int32), axis=0) - 1
-        keep = take & (pos < CAP)
+        keep = take & (pos >= 0) & (pos < CAP)
         tl.store(pool_x_ptr + pos, x_raw.to(tl.int32, bitcast=True), mask=keep)
         ids = tl.where(allowed, offs, offs | DISALLOWED)
         tl.store(pool_id_ptr + pos, ids, mask=keep)
@@ -204,7 +204,8 @@ def top_raw(pool_x_ptr, pool_id_ptr, n_cand, num, scratch_ptr, CAP: tl.constexpr
             keys, live = _rank_keys(pool_x_ptr, pool_id_ptr, t, n_cand, TILE)
             take = live & (keys >= prefix)
             pos = filled + tl.cumsum(take.to(tl.int32), axis=0) - 1
-            tl.store(scratch_ptr + pos, keys.to(tl.int64, bitcast=True), mask=take & (pos < K_P))
+            tl.store(scratch_ptr + pos, keys.to(tl.int64, bitcast=True),
+                     mask=take & (pos >= 0) & (pos < K_P))
             filled += tl.sum(take.to(tl.int32), axis=0)
     tl.debug_barrier()  # the stores above came from other threads of this program
     at = tl.arange(0, K_P)
