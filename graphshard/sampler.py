@@ -145,7 +145,7 @@ def _bitmask_row(bitmask_ptr, bitmask_stride, bitmask_rows_ptr, bitmask_on_ptr, 
 
 # logits_stride stays specialised: the engine's logits buffer fixes it, and a stride divisible
 # by 16 lets the row loads vectorise. Nothing that varies per step is an int argument.
-@triton.jit(do_not_specialize=["bitmask_stride", "records_stride"])
+@triton.jit(do_not_specialize=["bitmask_stride", "records_stride", "rows"])
 def _scan_kernel(
     logits_ptr,  # [num_rows, padded_vocab] fp32/bf16/fp16
     logits_stride,
@@ -161,8 +161,9 @@ def _scan_kernel(
     ws_ptr,  # SamplerWorkspace.buffer
     records_ptr,  # [>= n, width] int32 (_finish_kernel)
     records_stride,
+    rows,  # rows of the workspace (max_num_reqs * M of its allocation)
     VOCAB: tl.constexpr, M: tl.constexpr, K: tl.constexpr, CHUNK: tl.constexpr,
-    SPLITS: tl.constexpr, ROWS: tl.constexpr, CAP: tl.constexpr, LANES: tl.constexpr,
+    SPLITS: tl.constexpr, CAP: tl.constexpr, LANES: tl.constexpr,
     TOP: tl.constexpr, BLOCK: tl.constexpr, HAS_BITMASK: tl.constexpr,
     HAS_BITMASK_FLAG: tl.constexpr, FLOOR_PASSES: tl.constexpr, RADIX_BITS: tl.constexpr,
 ):
@@ -199,7 +200,7 @@ def _scan_kernel(
                 row_ptr, mask_row_ptr, mask_on, lo, CHUNK, VOCAB, inv_temp, key, no_key,
                 float("-inf"), False, BLOCK, HAS_BITMASK)
         max_r = tl.max(lane_r, axis=0)
-        part, fill, pool_x, pool_id, stats, top = workspace_row(ws_ptr, row_id, ROWS, SPLITS, CAP)
+        part, fill, pool_x, pool_id, stats, top = workspace_row(ws_ptr, row_id, rows, SPLITS, CAP)
         floor_s = tl.full((), float("inf"), tl.float32)
         floor_r = tl.full((), float("inf"), tl.float32)
         sum_s = tl.full((), 0.0, tl.float32)
@@ -264,14 +265,14 @@ def _sweep(row_ptr, mask_row_ptr, mask_on, lo, fill, pool_x, pool_id, inv_temp, 
 # --------------------------------------------------------------------------- launch 2: records
 
 
-@triton.jit(do_not_specialize=["bitmask_stride", "records_stride"])
+@triton.jit(do_not_specialize=["bitmask_stride", "records_stride", "rows"])
 def _finish_kernel(
     logits_ptr, logits_stride, num_reqs_ptr, req_slots_ptr, cu_num_logits_ptr, seq_lens_ptr,
     bitmask_ptr, bitmask_stride, bitmask_rows_ptr, bitmask_on_ptr, slots_ptr, ws_ptr,
-    records_ptr, records_stride,  # as _scan_kernel
+    records_ptr, records_stride, rows,  # as _scan_kernel
     draft_ptr,  # [num_rows] int32 (HAS_DRAFTS)
     VOCAB: tl.constexpr, M: tl.constexpr, M_P: tl.constexpr, K: tl.constexpr,
-    K_P: tl.constexpr, SPLITS: tl.constexpr, SPLITS_P: tl.constexpr, ROWS: tl.constexpr,
+    K_P: tl.constexpr, SPLITS: tl.constexpr, SPLITS_P: tl.constexpr,
     CAP: tl.constexpr, TILE: tl.constexpr, TOP: tl.constexpr, HAS_DRAFTS: tl.constexpr,
     HAS_BITMASK: tl.constexpr, HAS_BITMASK_FLAG: tl.constexpr, BLOCK: tl.constexpr,
     SMALL_BLOCK: tl.constexpr, RADIX_BITS: tl.constexpr,
@@ -285,7 +286,7 @@ def _finish_kernel(
         (inv_temp, top_k, top_p, min_p, seed_lo, seed_hi, num_logprobs, is_random,
          filtered) = _slot_params(slots_ptr, slot, VOCAB, K)
         row = first_row + r
-        part, fill, pool_x, pool_id, stats, top = workspace_row(ws_ptr, row_id, ROWS, SPLITS, CAP)
+        part, fill, pool_x, pool_id, stats, top = workspace_row(ws_ptr, row_id, rows, SPLITS, CAP)
         n_pool = tl.load(fill, cache_modifier=".cg")
         tl.store(fill, 0)  # the next launch captures into an empty pool
         mask_row_ptr, mask_on = _bitmask_row(bitmask_ptr, bitmask_stride, bitmask_rows_ptr,
@@ -307,11 +308,11 @@ def _finish_kernel(
                                              axis=0), 0, num_logprobs, M, K, K_P)
         else:
             # The request's rows settle in parallel; the last to finish verifies the drafts.
-            tokens, arrivals = workspace_request(ws_ptr, req, M, ROWS, SPLITS, CAP)
+            tokens, arrivals = workspace_request(ws_ptr, req, M, rows, SPLITS, CAP)
             tl.store(tokens + r, token)
             if _arrive(arrivals, m):
                 _assemble_drafts(rec_ptr, tokens, ws_ptr, req, first_row, m, draft_ptr,
-                                 num_logprobs, M, M_P, K, K_P, SPLITS, SPLITS_P, ROWS, CAP,
+                                 num_logprobs, M, M_P, K, K_P, SPLITS, SPLITS_P, rows, CAP,
                                  HAS_DRAFTS)
 
 
@@ -343,23 +344,23 @@ def _assemble(rec_ptr, token, num_nans, accepted, num_logprobs, M: tl.constexpr,
 @triton.jit
 def _assemble_drafts(rec_ptr, tokens, ws_ptr, req, first_row, m, draft_ptr, num_logprobs,
                      M: tl.constexpr, M_P: tl.constexpr, K: tl.constexpr, K_P: tl.constexpr,
-                     SPLITS: tl.constexpr, SPLITS_P: tl.constexpr, ROWS: tl.constexpr,
+                     SPLITS: tl.constexpr, SPLITS_P: tl.constexpr, rows,
                      CAP: tl.constexpr, HAS_DRAFTS: tl.constexpr):
     """A request's record from its rows' tokens: drafts accepted along the longest matching
     prefix (the first mismatch is the correction token), tokens past it -1, logprobs blank."""
-    rows = tl.arange(0, M_P)
-    samples = tl.load(tokens + rows, mask=rows < m, other=-1, cache_modifier=".cg")
+    at = tl.arange(0, M_P)
+    samples = tl.load(tokens + at, mask=at < m, other=-1, cache_modifier=".cg")
     drafts = tl.full([M_P], -1, tl.int32)
     if HAS_DRAFTS:
-        drafts = tl.load(draft_ptr + first_row + rows, mask=rows < m - 1, other=-1)
-    reject = (rows < m - 1) & (samples != drafts)
-    accepted = tl.min(tl.where(reject, rows, m - 1), axis=0)
+        drafts = tl.load(draft_ptr + first_row + at, mask=at < m - 1, other=-1)
+    reject = (at < m - 1) & (samples != drafts)
+    accepted = tl.min(tl.where(reject, at, m - 1), axis=0)
     num_nans = 0
     for r in range(0, M):
         if r < m:
-            part = workspace_row(ws_ptr, req * M + r, ROWS, SPLITS, CAP)[0]
+            part = workspace_row(ws_ptr, req * M + r, rows, SPLITS, CAP)[0]
             num_nans += tl.max(load_part(part, P_NAN, SPLITS, SPLITS_P, 0, False), axis=0)
-    tl.store(rec_ptr + rows, tl.where(rows <= accepted, samples, -1), mask=rows < M)
+    tl.store(rec_ptr + at, tl.where(at <= accepted, samples, -1), mask=at < M)
     tl.store(rec_ptr + M, accepted + 1)
     tl.store(rec_ptr + M + 1, m - 1 - accepted)
     tl.store(rec_ptr + M + 2, num_nans)
@@ -497,7 +498,6 @@ def sample(logits: torch.Tensor, *, vocab_size: int, num_reqs: torch.Tensor,
         return
 
     chunk, splits, cap = workspace.chunk_size, workspace.num_splits, workspace.pool_size
-    rows = workspace.max_num_reqs * m
     # Powers of two: the scan's tile divides its chunk.
     chunk_block = min(block, chunk, SCAN_BLOCK_SIZE)
     lanes = min(FLOOR_LANES, chunk_block)
@@ -507,18 +507,19 @@ def sample(logits: torch.Tensor, *, vocab_size: int, num_reqs: torch.Tensor,
               bitmask.stride(0) if bitmask is not None else 0,
               bitmask_rows if bitmask_rows is not None else dummy,
               bitmask_enabled if bitmask_enabled is not None else dummy,
-              tables.packed, workspace.buffer, records, records.stride(0))
+              tables.packed, workspace.buffer, records, records.stride(0),
+              workspace.max_num_reqs * m)
     flags = dict(HAS_BITMASK=bitmask is not None, HAS_BITMASK_FLAG=bitmask_enabled is not None)
     tile = max(min(POOL_TILE, cap), k_p)
     top = min(CHUNK_TOP, lanes)
     launch(_scan_kernel, (max_num_reqs * m, splits), *common,
-           VOCAB=vocab_size, M=m, K=k, CHUNK=chunk, SPLITS=splits, ROWS=rows, CAP=cap,
+           VOCAB=vocab_size, M=m, K=k, CHUNK=chunk, SPLITS=splits, CAP=cap,
            LANES=lanes, TOP=top, BLOCK=chunk_block, **flags, FLOOR_PASSES=FLOOR_PASSES,
            RADIX_BITS=RADIX_BITS, num_warps=8 if chunk_block >= 1024 else 4)
     launch(_finish_kernel, (max_num_reqs * m,), *common,
            draft_tokens if draft_tokens is not None else dummy,
            VOCAB=vocab_size, M=m, M_P=triton.next_power_of_2(m), K=k, K_P=k_p, SPLITS=splits,
-           SPLITS_P=max(triton.next_power_of_2(splits), 2), ROWS=rows, CAP=cap, TILE=tile,
+           SPLITS_P=max(triton.next_power_of_2(splits), 2), CAP=cap, TILE=tile,
            TOP=top, HAS_DRAFTS=draft_tokens is not None, **flags, BLOCK=chunk_block,
            SMALL_BLOCK=min(block, SMALL_BLOCK_SIZE), RADIX_BITS=RADIX_BITS,
            num_warps=8 if chunk_block >= 1024 else 4)

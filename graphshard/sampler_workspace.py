@@ -49,10 +49,12 @@ STAT_NAMES = ("draw_fallback", "logprobs_fallback", "counted")
 
 
 @triton.jit
-def workspace_row(ws_ptr, row_id, ROWS: tl.constexpr, SPLITS: tl.constexpr, CAP: tl.constexpr):
+def workspace_row(ws_ptr, row_id, rows, SPLITS: tl.constexpr, CAP: tl.constexpr):
     """Pointers to one row's sections: (partials [NUM_PART, SPLITS], pool fill, pool logits
-    [CAP], pool ids [CAP], stats, top-K scratch [MAX_LOGPROBS] int64)."""
+    [CAP], pool ids [CAP], stats, top-K scratch [MAX_LOGPROBS] int64). `rows` (the
+    workspace's row count) is a runtime value: one compiled kernel serves every workspace."""
     row_id = row_id.to(tl.int64)
+    ROWS = rows.to(tl.int64)
     top = ws_ptr.to(tl.pointer_type(tl.int64)) + row_id * MAX_LOGPROBS
     base = ws_ptr + ROWS * 2 * MAX_LOGPROBS
     part = base + row_id * (NUM_PART * SPLITS)
@@ -63,9 +65,10 @@ def workspace_row(ws_ptr, row_id, ROWS: tl.constexpr, SPLITS: tl.constexpr, CAP:
 
 
 @triton.jit
-def workspace_request(ws_ptr, req, M: tl.constexpr, ROWS: tl.constexpr, SPLITS: tl.constexpr,
+def workspace_request(ws_ptr, req, M: tl.constexpr, rows, SPLITS: tl.constexpr,
                       CAP: tl.constexpr):
     """Pointers to one request's (settled tokens [M], arrival counter)."""
+    ROWS = rows.to(tl.int64)
     tokens = ws_ptr + ROWS * (2 * MAX_LOGPROBS + NUM_PART * SPLITS + 1 + 2 * CAP) + NUM_STATS
     return tokens + req * M, tokens + ROWS + req
 

@@ -68,8 +68,9 @@ def report() -> list[dict]:
                           req_slots_ptr="*i32", cu_num_logits_ptr="*i32", seq_lens_ptr="*i32",
                           bitmask_ptr="*i32", bitmask_stride="i32", bitmask_rows_ptr="*i32",
                           bitmask_on_ptr="*i32", slots_ptr="*i32", ws_ptr="*i32",
-                          records_ptr="*i32", records_stride="i32", draft_ptr="*i32")
-            shared = dict(VOCAB=vocab, M=m, K=k, SPLITS=splits, ROWS=1024 * m,
+                          records_ptr="*i32", records_stride="i32", rows="i32",
+                          draft_ptr="*i32")
+            shared = dict(VOCAB=vocab, M=m, K=k, SPLITS=splits,
                           CAP=pool_size_for(splits, None), TOP=256, HAS_BITMASK=bitmask,
                           HAS_BITMASK_FLAG=bitmask)
             tag = {"vocab": vocab, "dtype": dtype, "M": m, "K": k, "bitmask": bitmask}
