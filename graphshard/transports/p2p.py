@@ -19,7 +19,9 @@ Faults. A peer that died or stopped stepping never raises its flag, so every wai
 past `timeout_s` the program gives up, records (phase, peer) in a status word (a device word
 the later barriers read so they give up at once, and a pinned host copy the engine reads
 without a device sync) and lets the kernel finish. The pads are then in an unknown state: the
-transport is broken for good and `fault()` says why.
+transport is broken for good and `fault()` says why. Every decision a barrier branches on (the
+flag, the clock, the status word) is one value per program, so its warps never part ways on
+it (they meet at block-wide barriers inside the loop).
 
 On CPU the same kernels run under the Triton interpreter against shared-file mappings, which lets
 the CPU suite run the real kernels, barriers included, across processes.
@@ -38,7 +40,6 @@ import torch
 import torch.distributed as dist
 import triton
 import triton.language as tl
-from triton.language.extra import cuda as tl_cuda
 
 from graphshard.launch import launch
 from graphshard.plan_layout import PlanBuffers
@@ -53,12 +54,28 @@ _PHASES = ("row push start", "row push end", "record push start", "record push e
 
 if os.environ.get("TRITON_INTERPRET") == "1":
     @triton.jit
-    def _now_ns():
+    def _clock_ns():
         return time.monotonic_ns()  # the interpreter has no %globaltimer
+
+    @triton.jit
+    def _spin_pause():
+        # Interpreted ranks share a few CPU cores: a rank spinning flat out starves the peer it
+        # waits for.
+        time.sleep(20e-6)
 else:
     @triton.jit
-    def _now_ns():
-        return tl_cuda.globaltimer()
+    def _spin_pause():
+        pass
+
+    @triton.jit
+    def _clock_ns():
+        """%globaltimer as one value for the whole program. Warps read the clock at different
+        times; the max over a tensor that spans every thread is reduced through shared memory,
+        so each thread gets the same value (1024 lanes: at least one per thread)."""
+        lanes = tl.arange(0, 1024)
+        now = tl.inline_asm_elementwise("mov.u64 $0, %globaltimer;", "=l,r", [lanes],
+                                        dtype=tl.int64, is_pure=False, pack=1)
+        return tl.max(now, axis=0)
 
 
 @triton.jit
@@ -74,26 +91,37 @@ def _arrive(signal_ptrs_ptr, slot, rank, WORLD_SIZE: tl.constexpr, WORLD_POW2: t
 
 
 @triton.jit
+def _healthy(status_ptr):
+    """No barrier has given up yet. An atomic read runs on one thread and is broadcast; a plain
+    load runs on every thread, and a status landing between two warps' loads would split them."""
+    return tl.atomic_add(status_ptr, 0, sem="relaxed", scope="gpu") == 0
+
+
+@triton.jit
 def _await(signal_ptrs_ptr, status_ptr, healthy, slot, rank, timeout_ns, MAX_BLOCKS: tl.constexpr,
            WORLD_SIZE: tl.constexpr):
     """Wait for every rank's flag for `slot` on this rank's pad and consume it (acquire). Gives
     up past `timeout_ns`, or at once when an earlier kernel faulted (`healthy` is false), and
     records why. Returns whether every peer arrived: a program that gave up skips its later
     barriers (measured on H200: a second barrier in the same kernel did not see the first one's
-    status write)."""
+    status write). The flag's CAS (one thread, broadcast) and `_clock_ns` are program-wide
+    values, so every thread leaves the loop at the same spin."""
     pad = tl.load(signal_ptrs_ptr + rank).to(tl.pointer_type(tl.int32)) + slot * WORLD_SIZE
     ok = healthy
     if ok:
-        start = _now_ns()
+        start = tl.zeros([], dtype=tl.int64)  # set at the first clock read: 0 is never a time
         for peer in tl.static_range(WORLD_SIZE):
             arrived = tl.atomic_cas(pad + peer, 1, 0, sem="acquire", scope="sys") == 1
             late = False
             spins = 0
             while not (arrived | late):
+                _spin_pause()
                 arrived = tl.atomic_cas(pad + peer, 1, 0, sem="acquire", scope="sys") == 1
                 spins += 1
-                if spins % 64 == 0:  # the clock read stays off the common, short waits
-                    late = _now_ns() - start > timeout_ns
+                if spins % 64 == 0:  # the clock stays off the common, short waits
+                    now = _clock_ns()
+                    start = tl.where(start == 0, now, start)
+                    late = now - start > timeout_ns
             if not arrived:
                 _record_fault(status_ptr, slot // MAX_BLOCKS, peer)
             ok = ok & arrived
@@ -115,9 +143,9 @@ def _record_fault(status_ptr, phase, peer):
 @triton.jit
 def _sync(signal_ptrs_ptr, status_ptr, slot, rank, timeout_ns, MAX_BLOCKS: tl.constexpr,
           WORLD_SIZE: tl.constexpr, WORLD_POW2: tl.constexpr):
-    # Loaded before the arrive, so its latency overlaps the flag stores.
-    healthy = tl.load(status_ptr, volatile=True) == 0
     _arrive(signal_ptrs_ptr, slot, rank, WORLD_SIZE, WORLD_POW2)
+    # Read after the arrive, so its latency overlaps the flag stores.
+    healthy = _healthy(status_ptr)
     return _await(signal_ptrs_ptr, status_ptr, healthy, slot, rank, timeout_ns, MAX_BLOCKS,
                   WORLD_SIZE)
 
