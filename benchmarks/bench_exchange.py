@@ -4,6 +4,9 @@ Usage: python3 -m benchmarks.bench_exchange [--vocab 152064] [--dtype float32] [
 Rows are owned alternately (slot = row), so half of each rank's rows cross the link. GPU time of
 the exchange alone, from CUDA events around a graph replay (p2p, nccl) or the eager call; GB/s
 counts only the real rows that cross the link, against a peer copy measured in the same run.
+`p2p_step` is a shard step's transport part as the engine issues it (exchange without its start
+barrier, then the record gather whose end barrier closes the step); `p2p_step_fenced` is the same
+with the start barrier, as before the engine dropped it.
 """
 
 from __future__ import annotations
@@ -47,6 +50,7 @@ def bench_rank(rank, world, vocab, dtype_name):
     device = torch.device("cuda", rank)
     buf = PlanBuffers.allocate(max_rows, 1, world, device)
     logits = torch.randn(max_rows, vocab_shard, device=device).to(dtype)
+    records = torch.zeros(max_rows, 4, dtype=torch.int32, device=device)
     transports = {f"p2p_{b}": make_transport("p2p", None, device, num_blocks=b) for b in P2P_BLOCKS}
     transports["nccl"] = make_transport("nccl", None, device)
     for t in transports.values():
@@ -66,6 +70,12 @@ def bench_rank(rank, world, vocab, dtype_name):
                 g = _graph(lambda t=t, cap=cap: t.exchange(buf, logits, None, cap))
             else:
                 g = _graph(lambda t=t: t.exchange(buf, logits, None, n))
+            result[name] = events_us(g.replay, barrier=True)
+        step_transport = transports[f"p2p_{P2P_BLOCKS[-1]}"]
+        for name, fenced in (("p2p_step_fenced", True), ("p2p_step", False)):
+            step_transport.barrier()  # the exchanges above leave it open: start this one closed
+            g = _graph(lambda t=step_transport, fenced=fenced: (
+                t.exchange(buf, logits, None, n, fenced=fenced), t.gather(buf, records, None, n, n)))
             result[name] = events_us(g.replay, barrier=True)
         owner = np.arange(n) % world
         splits = np.bincount(owner, minlength=world).tolist()

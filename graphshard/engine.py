@@ -22,7 +22,7 @@ from graphshard.faults import FaultGuard, StepFault
 from graphshard.graphs import GraphManager, make_backend
 from graphshard.inputs import StepInputs
 from graphshard.params import SamplingParams, SlotTables
-from graphshard.plan import plan
+from graphshard.plan import fetch_and_plan
 from graphshard.plan_layout import PlanBuffers
 from graphshard.records import RecordLayout, SamplerOutput, unpack
 from graphshard.routes import Route, eager_key, keys_for
@@ -159,17 +159,21 @@ class Engine:
             self.slot_digest.remove(slot)
 
     # -- the step functions (what a graph captures) ----------------------------------------------
+    # Every step ends closed: its last transport call (`gather`, or `close` for replicate) ends
+    # with a barrier every rank passes only once its peers have finished reading what the step
+    # delivered. Nothing else touches the transport between steps but two-phase barriers
+    # (capture), so each step's push skips its own start barrier (`fenced=False`; the argument,
+    # first steps and failures included, is in graphshard/transports/p2p.py). The same call
+    # ends the step on the device (`done`), with no kernel of its own on p2p.
     def _shard_fn(self, bucket: int, capacity: int):
         cap_reqs = max(1, min(bucket, capacity))
         inp, pb, m = self.inputs, self.plan_buffers, self.config.max_num_logits_per_req
         drafts = inp.draft_token_ids if m > 1 else None
 
         def step():
-            inp.fetch()
-            plan(pb, idx_mapping=inp.idx_mapping, cu_num_logits=inp.cu_num_logits, seq_lens=inp.seq_lens,
-                 num_reqs=inp.num_reqs, tp_rank=self.tp_rank, gather_stride=cap_reqs,
-                 max_num_logits_per_req=m, draft_token_ids=drafts)
-            full = self.transport.exchange(pb, inp.logits, None, capacity)
+            fetch_and_plan(inp.staged, pb, tp_rank=self.tp_rank, gather_stride=cap_reqs,
+                           max_num_logits_per_req=m, draft_token_ids=drafts)
+            full = self.transport.exchange(pb, inp.logits, None, capacity, fenced=False)
             self.sample(full, vocab_size=self.config.vocab_size, num_reqs=pb.local_num_reqs,
                    req_slots=pb.local_idx_mapping, cu_num_logits=pb.local_cu_num_logits,
                    seq_lens=pb.local_seq_lens, tables=self.tables, layout=self.layout,
@@ -177,8 +181,8 @@ class Engine:
                    draft_tokens=pb.local_draft_tokens if drafts is not None else None,
                    bitmask=inp.grammar_bitmask, bitmask_rows=pb.local_row_src,
                    bitmask_enabled=inp.bitmask_on)
-            self.transport.gather(pb, self.local_records, self.records, cap_reqs, bucket)
-            inp.signal_done()
+            self.transport.gather(pb, self.local_records, self.records, cap_reqs, bucket,
+                                  done=inp.staged)
 
         return step
 
@@ -190,14 +194,17 @@ class Engine:
             if self.transport is None:
                 full = inp.logits
             else:
-                full = self.transport.all_gather_vocab(inp.logits, None, bucket * m)
+                full = self.transport.all_gather_vocab(inp.logits, None, bucket * m, fenced=False)
             self.sample(full, vocab_size=self.config.vocab_size, num_reqs=inp.num_reqs,
                    req_slots=inp.idx_mapping, cu_num_logits=inp.cu_num_logits, seq_lens=inp.seq_lens,
                    tables=self.tables, layout=self.layout, records=self.records, max_num_reqs=bucket,
                    draft_tokens=inp.draft_token_ids if m > 1 else None,
                    bitmask=inp.grammar_bitmask, bitmask_rows=self.identity_rows,
                    bitmask_enabled=inp.bitmask_on)
-            inp.signal_done()
+            if self.transport is None:
+                inp.signal_done()
+            else:
+                self.transport.close(done=inp.staged)
 
         return step
 

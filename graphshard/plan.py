@@ -3,6 +3,10 @@
 One program builds the whole plan from the replicated inputs. `n` is read from device memory and
 the padded maximum is a constexpr, so one compiled kernel serves every bucket and every n.
 `graphshard.plan_ref.plan_ref` is the NumPy reference of the same function.
+
+`plan` launches the plan alone; `fetch_and_plan` is the shard step's first kernel: the same
+program first fetches the step's staged inputs (`graphshard.staging`), then plans from them, so
+the step pays one launch for both. Both run `_plan_body`, which the reference tests cover.
 """
 
 from __future__ import annotations
@@ -13,10 +17,13 @@ import triton.language as tl
 
 from graphshard.launch import check_int32_vector, launch
 from graphshard.plan_layout import PlanBuffers
+from graphshard.staging import Staging, fetch_block
+
+_MAX_FETCH_BLOCK = 4096
 
 
-@triton.jit(do_not_specialize=["max_num_reqs", "max_num_rows", "gather_stride"])
-def _plan_kernel(
+@triton.jit
+def _plan_body(
     idx_mapping_ptr,  # [N] int32 slot per request
     cu_num_logits_ptr,  # [N+1] int32
     seq_lens_ptr,  # [N] int32
@@ -125,19 +132,63 @@ def _plan_kernel(
         tl.store(local_draft_tokens_ptr + rows, zeros, mask=local_tail)
 
 
-def plan(
-    out: PlanBuffers,
-    *,
-    idx_mapping: torch.Tensor,
-    cu_num_logits: torch.Tensor,
-    seq_lens: torch.Tensor,
-    num_reqs: torch.Tensor,
-    tp_rank: int,
-    gather_stride: int,
-    max_num_logits_per_req: int,
-    draft_token_ids: torch.Tensor | None = None,
-) -> PlanBuffers:
-    """Build the plan for rank `tp_rank` into `out`. Graph-safe: reads n from `num_reqs` [1]."""
+@triton.jit(do_not_specialize=["max_num_reqs", "max_num_rows", "gather_stride"])
+def _plan_kernel(
+    idx_mapping_ptr, cu_num_logits_ptr, seq_lens_ptr, num_reqs_in_ptr, draft_tokens_ptr,
+    num_reqs_ptr, owner_num_reqs_ptr, owner_num_rows_ptr, owner_req_offsets_ptr,
+    owner_row_offsets_ptr, send_rows_ptr, gathered_src_indices_ptr, local_num_reqs_ptr,
+    local_num_rows_ptr, local_req_indices_ptr, local_idx_mapping_ptr, local_cu_num_logits_ptr,
+    local_seq_lens_ptr, local_row_src_ptr, local_row_slot_ptr, local_row_pos_ptr,
+    local_draft_tokens_ptr, max_num_reqs, max_num_rows, gather_stride,
+    TP_SIZE: tl.constexpr, TP_RANK: tl.constexpr, PADDED_NUM_REQS: tl.constexpr,
+    PADDED_NUM_LOGITS_PER_REQ: tl.constexpr, HAS_DRAFTS: tl.constexpr,
+):
+    _plan_body(
+        idx_mapping_ptr, cu_num_logits_ptr, seq_lens_ptr, num_reqs_in_ptr, draft_tokens_ptr,
+        num_reqs_ptr, owner_num_reqs_ptr, owner_num_rows_ptr, owner_req_offsets_ptr,
+        owner_row_offsets_ptr, send_rows_ptr, gathered_src_indices_ptr, local_num_reqs_ptr,
+        local_num_rows_ptr, local_req_indices_ptr, local_idx_mapping_ptr, local_cu_num_logits_ptr,
+        local_seq_lens_ptr, local_row_src_ptr, local_row_slot_ptr, local_row_pos_ptr,
+        local_draft_tokens_ptr, max_num_reqs, max_num_rows, gather_stride,
+        TP_SIZE, TP_RANK, PADDED_NUM_REQS, PADDED_NUM_LOGITS_PER_REQ, HAS_DRAFTS)
+
+
+@triton.jit(do_not_specialize=["width", "row_words64", "max_num_reqs", "max_num_rows",
+                               "gather_stride"])
+def _fetch_plan_kernel(
+    addresses_ptr, meta_ptr, last_ptr, width, row_words64,  # graphshard.staging.fetch_args
+    idx_mapping_ptr, cu_num_logits_ptr, seq_lens_ptr, num_reqs_in_ptr,  # views of meta
+    draft_tokens_ptr,
+    num_reqs_ptr, owner_num_reqs_ptr, owner_num_rows_ptr, owner_req_offsets_ptr,
+    owner_row_offsets_ptr, send_rows_ptr, gathered_src_indices_ptr, local_num_reqs_ptr,
+    local_num_rows_ptr, local_req_indices_ptr, local_idx_mapping_ptr, local_cu_num_logits_ptr,
+    local_seq_lens_ptr, local_row_src_ptr, local_row_slot_ptr, local_row_pos_ptr,
+    local_draft_tokens_ptr, max_num_reqs, max_num_rows, gather_stride,
+    TP_SIZE: tl.constexpr, TP_RANK: tl.constexpr, PADDED_NUM_REQS: tl.constexpr,
+    PADDED_NUM_LOGITS_PER_REQ: tl.constexpr, HAS_DRAFTS: tl.constexpr,
+    FETCH_BLOCK: tl.constexpr,
+):
+    start = 0
+    while start < width:  # one pass up to ~1,360 requests
+        fetch_block(addresses_ptr, meta_ptr, last_ptr, start + tl.arange(0, FETCH_BLOCK), width,
+                    row_words64)
+        start += FETCH_BLOCK
+    # The plan reads meta words other threads of this program just stored: a block-wide
+    # barrier orders those global stores before its loads.
+    tl.debug_barrier()
+    _plan_body(
+        idx_mapping_ptr, cu_num_logits_ptr, seq_lens_ptr, num_reqs_in_ptr, draft_tokens_ptr,
+        num_reqs_ptr, owner_num_reqs_ptr, owner_num_rows_ptr, owner_req_offsets_ptr,
+        owner_row_offsets_ptr, send_rows_ptr, gathered_src_indices_ptr, local_num_reqs_ptr,
+        local_num_rows_ptr, local_req_indices_ptr, local_idx_mapping_ptr, local_cu_num_logits_ptr,
+        local_seq_lens_ptr, local_row_src_ptr, local_row_slot_ptr, local_row_pos_ptr,
+        local_draft_tokens_ptr, max_num_reqs, max_num_rows, gather_stride,
+        TP_SIZE, TP_RANK, PADDED_NUM_REQS, PADDED_NUM_LOGITS_PER_REQ, HAS_DRAFTS)
+
+
+def _check_plan_args(out: PlanBuffers, *, idx_mapping, cu_num_logits, seq_lens, num_reqs,
+                     tp_rank: int, gather_stride: int, max_num_logits_per_req: int,
+                     draft_token_ids) -> None:
     tp_size, max_reqs = out.tp_size, out.max_num_reqs
     max_rows = out.send_rows.shape[0]
     if max_rows != max_reqs * max_num_logits_per_req:
@@ -154,17 +205,58 @@ def plan(
     check_int32_vector("num_reqs", num_reqs, 1, device)
     if draft_token_ids is not None:
         check_int32_vector("draft_token_ids", draft_token_ids, max_rows, device)
+
+
+def _plan_launch_args(out: PlanBuffers, *, tp_rank: int, gather_stride: int,
+                      max_num_logits_per_req: int, draft_token_ids) -> tuple[tuple, dict]:
+    """Arguments after the four inputs (drafts, outputs, sizes) and the constexprs."""
+    max_reqs, max_rows = out.max_num_reqs, out.send_rows.shape[0]
     padded_reqs = triton.next_power_of_2(max_reqs)
-    launch(
-        _plan_kernel, (1,),
-        idx_mapping, cu_num_logits, seq_lens, num_reqs,
-        draft_token_ids if draft_token_ids is not None else out.local_draft_tokens,
-        *out.as_dict().values(),
-        max_reqs, max_rows, gather_stride,
-        TP_SIZE=tp_size, TP_RANK=tp_rank,
-        PADDED_NUM_REQS=padded_reqs,
-        PADDED_NUM_LOGITS_PER_REQ=triton.next_power_of_2(max_num_logits_per_req),
-        HAS_DRAFTS=draft_token_ids is not None,
-        num_warps=max(1, min(8, padded_reqs // 128)),
-    )
+    args = (draft_token_ids if draft_token_ids is not None else out.local_draft_tokens,
+            *out.as_dict().values(), max_reqs, max_rows, gather_stride)
+    constexprs = dict(TP_SIZE=out.tp_size, TP_RANK=tp_rank, PADDED_NUM_REQS=padded_reqs,
+                      PADDED_NUM_LOGITS_PER_REQ=triton.next_power_of_2(max_num_logits_per_req),
+                      HAS_DRAFTS=draft_token_ids is not None,
+                      num_warps=max(1, min(8, padded_reqs // 128)))
+    return args, constexprs
+
+
+def plan(
+    out: PlanBuffers,
+    *,
+    idx_mapping: torch.Tensor,
+    cu_num_logits: torch.Tensor,
+    seq_lens: torch.Tensor,
+    num_reqs: torch.Tensor,
+    tp_rank: int,
+    gather_stride: int,
+    max_num_logits_per_req: int,
+    draft_token_ids: torch.Tensor | None = None,
+) -> PlanBuffers:
+    """Build the plan for rank `tp_rank` into `out`. Graph-safe: reads n from `num_reqs` [1]."""
+    inputs = dict(idx_mapping=idx_mapping, cu_num_logits=cu_num_logits, seq_lens=seq_lens,
+                  num_reqs=num_reqs)
+    options = dict(tp_rank=tp_rank, gather_stride=gather_stride,
+                   max_num_logits_per_req=max_num_logits_per_req, draft_token_ids=draft_token_ids)
+    _check_plan_args(out, **inputs, **options)
+    args, constexprs = _plan_launch_args(out, **options)
+    launch(_plan_kernel, (1,), idx_mapping, cu_num_logits, seq_lens, num_reqs, *args, **constexprs)
+    return out
+
+
+def fetch_and_plan(staging: Staging, out: PlanBuffers, *, tp_rank: int, gather_stride: int,
+                   max_num_logits_per_req: int,
+                   draft_token_ids: torch.Tensor | None = None) -> PlanBuffers:
+    """`staging.fetch()` then `plan(out, ...)` from the fetched inputs, in one launch (one
+    program). Graph-safe: which staged row to take is decided on the device."""
+    num_reqs, _, idx_mapping, cu_num_logits, seq_lens = staging.views()
+    options = dict(tp_rank=tp_rank, gather_stride=gather_stride,
+                   max_num_logits_per_req=max_num_logits_per_req, draft_token_ids=draft_token_ids)
+    _check_plan_args(out, idx_mapping=idx_mapping, cu_num_logits=cu_num_logits,
+                     seq_lens=seq_lens, num_reqs=num_reqs, **options)
+    args, constexprs = _plan_launch_args(out, **options)
+    fetch = staging.fetch_args()
+    launch(_fetch_plan_kernel, (1,), *fetch, idx_mapping, cu_num_logits, seq_lens, num_reqs,
+           *args, FETCH_BLOCK=min(_MAX_FETCH_BLOCK, triton.next_power_of_2(fetch[3])),
+           **constexprs)
     return out

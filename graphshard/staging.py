@@ -2,8 +2,9 @@
 
 The host writes step k's replicated integers into row k % 2 of a pinned host buffer (plain
 memory on CPU): no copy call, no device call. The captured step fetches them itself: its first
-kernel (`fetch`) reads both rows straight from host memory and copies the right one into the
-device-side `meta` buffer; its last kernel (`signal_done`) writes the step's number into a
+kernel (`fetch`, or the shard step's fused fetch and plan) reads both rows straight from host
+memory and copies the right one into the device-side `meta` buffer; its last kernel
+(`signal_done`, or the p2p record push that ends the step) writes the step's number into a
 pinned host word. The host reads that word with one NumPy load to know which steps finished, so
 it may stage step k + 1 while step k is still queued or running, and only waits (for step k - 1)
 before reusing a row.
@@ -44,8 +45,10 @@ def row_width(max_num_reqs: int) -> int:
     return width + width % 2
 
 
-@triton.jit(do_not_specialize=["width", "row_words64"])
-def _fetch_kernel(addresses_ptr, meta_ptr, last_ptr, width, row_words64, BLOCK: tl.constexpr):
+@triton.jit
+def fetch_block(addresses_ptr, meta_ptr, last_ptr, offs, width, row_words64):
+    """Words `offs` of this step's staged row into `meta` (the step's first kernel, or its part
+    of a fused first kernel)."""
     host = tl.load(addresses_ptr)  # int64: the staging buffer's address (pinned host memory)
     rows = host.to(tl.pointer_type(tl.int32))
     seqs = host.to(tl.pointer_type(tl.int64))
@@ -53,7 +56,6 @@ def _fetch_kernel(addresses_ptr, meta_ptr, last_ptr, width, row_words64, BLOCK: 
     seq_a = tl.load(seqs, volatile=True)
     seq_b = tl.load(seqs + row_words64, volatile=True)
     last = tl.load(last_ptr)
-    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
     live = offs < width
     a = tl.load(rows + offs, mask=live, other=0, volatile=True)
     b = tl.load(rows + 2 * row_words64 + offs, mask=live, other=0, volatile=True)
@@ -64,12 +66,25 @@ def _fetch_kernel(addresses_ptr, meta_ptr, last_ptr, width, row_words64, BLOCK: 
     tl.store(meta_ptr + offs, tl.where(take_b, b, a), mask=live)
 
 
+@triton.jit(do_not_specialize=["width", "row_words64"])
+def _fetch_kernel(addresses_ptr, meta_ptr, last_ptr, width, row_words64, BLOCK: tl.constexpr):
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    fetch_block(addresses_ptr, meta_ptr, last_ptr, offs, width, row_words64)
+
+
 @triton.jit
-def _done_kernel(addresses_ptr, meta_seq_ptr, last_ptr):
+def signal_done(addresses_ptr, meta_seq_ptr, last_ptr):
+    """The step's number into `last` and the host's done word (the step's last kernel, or the
+    end of a fused last kernel: the record push)."""
     seq = tl.load(meta_seq_ptr)
     tl.store(last_ptr, seq)
     done = tl.load(addresses_ptr + 1).to(tl.pointer_type(tl.int64))
     tl.store(done, seq)
+
+
+@triton.jit
+def _done_kernel(addresses_ptr, meta_seq_ptr, last_ptr):
+    signal_done(addresses_ptr, meta_seq_ptr, last_ptr)
 
 
 class Staging:
@@ -139,7 +154,16 @@ class Staging:
 
     def signal_done(self) -> None:
         """The step's last kernel: its step number into `last` and the host's done word."""
-        launch(_done_kernel, (1,), self._addresses, self._meta_seq, self._last)
+        launch(_done_kernel, (1,), *self.done_args())
+
+    def fetch_args(self) -> tuple:
+        """What a fused first kernel passes to `fetch_block`: (addresses, meta, last, width,
+        row_words64)."""
+        return self._addresses, self.meta, self._last, self.width, self.width // 2
+
+    def done_args(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """What a fused last kernel passes to `signal_done`: (addresses, meta's step, last)."""
+        return self._addresses, self._meta_seq, self._last
 
     def finished(self) -> int:
         """The last step the device finished (a host read of the done word)."""

@@ -46,11 +46,15 @@ def _run_until_fault(rank, world, cfg, victim, mode, outdir):
         if rank == victim and step == FAULT_STEP:
             if mode == "die":
                 os._exit(17)
+            if mode == "die_mid_step":  # after the exchange, before the call that ends the step
+                last = "close" if cfg.strategy == "replicate" else "gather"
+                setattr(engine.transport, last, lambda *args, **kwargs: os._exit(17))
             if mode == "give_up":
                 engine.fail("the model forward raised: CUDA out of memory")
                 _stay_out(outdir, world, victim)
                 break
-            shard = shard.double()  # mode "refuse": this rank's own tensor is wrong
+            if mode == "refuse":  # this rank's own tensor is wrong
+                shard = shard.double()
         start = time.monotonic()
         try:
             engine.step(*BATCH, shard)
@@ -82,7 +86,7 @@ def _stay_out(outdir, world, victim):
 
 def _outcomes(tmp_path, world, cfg, victim, mode) -> dict[int, dict]:
     args = (_run_until_fault, world, cfg, victim, mode, str(tmp_path))
-    if mode == "die":
+    if mode in ("die", "die_mid_step"):
         with pytest.raises(RuntimeError, match="exited with code 17"):
             spawn(*args, timeout_s=300, failure_grace_s=TIMEOUT_S + SLACK_S + 20)
     else:
@@ -90,13 +94,19 @@ def _outcomes(tmp_path, world, cfg, victim, mode) -> dict[int, dict]:
     return {int(p.stem[4:]): json.loads(p.read_text()) for p in tmp_path.glob("rank*.json")}
 
 
-@pytest.mark.parametrize("transport, world, mode", [
-    ("gloo", 3, "die"), ("gloo", 2, "give_up"), ("gloo", 2, "refuse"),
-    ("p2p", 2, "die"), ("p2p", 2, "give_up"),
+@pytest.mark.parametrize("transport, world, mode, strategy", [
+    ("gloo", 3, "die", "shard"), ("gloo", 2, "give_up", "shard"), ("gloo", 2, "refuse", "shard"),
+    ("p2p", 2, "die", "shard"), ("p2p", 2, "give_up", "shard"),
+    # Three ranks: two peers wait on the dead one. Dying inside a step: the peers wait at the
+    # barrier that ends it (the record push; the close of a replicate step).
+    ("p2p", 2, "die", "replicate"), ("p2p", 3, "die", "shard"),
+    ("p2p", 2, "die_mid_step", "shard"), ("p2p", 3, "die_mid_step", "replicate"),
+    ("gloo", 2, "die_mid_step", "shard"),
 ])
-def test_peers_fail_within_the_bound_naming_the_cause(tmp_path, transport, world, mode):
+def test_peers_fail_within_the_bound_naming_the_cause(tmp_path, transport, world, mode, strategy):
     victim = world - 1
-    got = _outcomes(tmp_path, world, CFG.replace(transport=transport), victim, mode)
+    got = _outcomes(tmp_path, world, CFG.replace(transport=transport, strategy=strategy), victim,
+                    mode)
     for rank in range(world - 1):
         r = got[rank]
         print(f"{transport} {mode}: rank {rank} failed after {r['elapsed']:.2f} s: {r['message']}")
@@ -109,6 +119,9 @@ def test_peers_fail_within_the_bound_naming_the_cause(tmp_path, transport, world
             assert f"rank {victim}" in r["message"] and "must be torch.float32" in r["message"], r
         if transport == "p2p":
             assert f"waiting for rank {victim}" in r["message"], r
+        if transport == "p2p" and mode == "die_mid_step":
+            end = "step close" if strategy == "replicate" else "record push"
+            assert f"p2p {end} end barrier on rank {rank} gave up" in r["message"], r
     if mode == "refuse":
         assert got[victim]["error"] == "TypeError" and got[victim]["step"] == FAULT_STEP
         assert "its own tensors were refused" in got[victim]["refused_after"]

@@ -5,9 +5,10 @@ from hypothesis import given, settings, strategies as st
 
 import graphshard.plan as plan_mod
 from graphshard.launch import specialization_key
-from graphshard.plan import plan
+from graphshard.plan import fetch_and_plan, plan
 from graphshard.plan_layout import PLAN_FIELDS, PlanBuffers
 from graphshard.plan_ref import plan_ref
+from graphshard.staging import Staging
 
 POISON = -7
 
@@ -129,6 +130,84 @@ def test_one_compilation_for_every_n_and_stride(monkeypatch):
         plan(buf, idx_mapping=idx, cu_num_logits=cu, seq_lens=lens,
              num_reqs=torch.tensor([n], dtype=torch.int32), tp_rank=1, gather_stride=stride,
              max_num_logits_per_req=max_m)
+        assert buf.num_reqs[0] == n
+    assert len(keys) == 1
+
+
+def run_fused(b, rank, drafts, staging: Staging, step: int):
+    """The shard step's first kernel: stage the batch as step `step`, fetch and plan in one go."""
+    cu = np.concatenate([[0], np.cumsum(b["counts"])]).astype(np.int32)
+    buf = PlanBuffers.allocate(b["max_reqs"], b["max_m"], b["tp"], "cpu")
+    for t in buf.as_dict().values():
+        t.fill_(POISON)
+    staging.write(step, b["slots"], cu, b["seq_lens"], False)
+    fetch_and_plan(staging, buf, tp_rank=rank, gather_stride=b["stride"],
+                   max_num_logits_per_req=b["max_m"], draft_token_ids=torch.from_numpy(drafts))
+    staging.signal_done()
+    ref = plan_ref(b["slots"], cu, b["seq_lens"], tp_size=b["tp"], tp_rank=rank,
+                   max_num_reqs=b["max_reqs"], max_num_logits_per_req=b["max_m"],
+                   gather_stride=b["stride"], draft_token_ids=drafts)
+    return {k: v.numpy() for k, v in buf.as_dict().items()}, ref, cu
+
+
+@settings(max_examples=25, deadline=None)
+@given(batches(), st.data())
+def test_fused_fetch_and_plan_equals_reference_every_rank(b, data):
+    """The same plan as the reference, from the inputs the fused kernel fetched itself; the
+    fetched inputs are what `Staging.fetch` leaves in `meta` (the sampler reads them there)."""
+    drafts = np.arange(b["max_reqs"] * b["max_m"], dtype=np.int32) * 5 + 1
+    staging = Staging(b["max_reqs"], b["max_m"], torch.device("cpu"))
+    for step, rank in enumerate(range(b["tp"])):
+        got, ref, cu = run_fused(b, rank, drafts, staging, step)
+        for name in PLAN_FIELDS:
+            assert np.array_equal(got[name], ref[name]), (name, rank, got[name], ref[name])
+        check_invariants(got, b, cu, rank)
+        n = b["n"]
+        num_reqs, bitmask_on, idx, cu_dev, lens = staging.views()
+        assert int(num_reqs[0]) == n and int(bitmask_on[0]) == 0
+        assert idx[:n].tolist() == b["slots"].tolist()
+        assert lens[:n].tolist() == b["seq_lens"].tolist()
+        assert cu_dev[:n + 1].tolist() == cu.tolist() and staging.finished() == step
+
+
+def test_fused_fetch_takes_the_row_of_the_step_with_two_staged():
+    """Two steps staged before either runs: each fused launch plans its own step's batch."""
+    staging = Staging(4, 1, torch.device("cpu"))
+    buf = PlanBuffers.allocate(4, 1, 2, "cpu")
+    batches_ = [np.array([3, 1], np.int32), np.array([2], np.int32), np.array([0, 2, 1], np.int32)]
+
+    def stage(step, idx):
+        staging.write(step, idx, np.arange(len(idx) + 1, dtype=np.int32),
+                      np.zeros(len(idx), np.int32), False)
+
+    stage(0, batches_[0])
+    stage(1, batches_[1])  # staged while step 0 has not run yet
+    for step, idx in enumerate(batches_):
+        if step == 2:  # reuses step 0's row once step 0 is done
+            stage(2, idx)
+        fetch_and_plan(staging, buf, tp_rank=1, gather_stride=4, max_num_logits_per_req=1)
+        staging.signal_done()
+        owned = [i for i, slot in enumerate(idx) if slot % 2 == 1]
+        assert int(buf.num_reqs[0]) == len(idx)
+        assert buf.local_req_indices[:len(owned)].tolist() == owned
+
+
+def test_fused_kernel_compiles_once_for_every_n_and_stride(monkeypatch):
+    keys = set()
+    real = plan_mod.launch
+
+    def recording(kernel, grid, *args, **kwargs):
+        keys.add(specialization_key(kernel, args, kwargs))
+        return real(kernel, grid, *args, **kwargs)
+
+    monkeypatch.setattr(plan_mod, "launch", recording)
+    staging = Staging(16, 2, torch.device("cpu"))
+    buf = PlanBuffers.allocate(16, 2, 2, "cpu")
+    for step, (n, stride) in enumerate([(0, 1), (1, 1), (2, 16), (7, 8), (16, 16), (9, 32)]):
+        staging.write(step, np.arange(n, dtype=np.int32), np.arange(n + 1, dtype=np.int32),
+                      np.zeros(n, np.int32), False)
+        fetch_and_plan(staging, buf, tp_rank=1, gather_stride=stride, max_num_logits_per_req=2)
+        staging.signal_done()
         assert buf.num_reqs[0] == n
     assert len(keys) == 1
 

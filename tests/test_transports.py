@@ -15,6 +15,7 @@ import torch.distributed as dist
 from graphshard.distributed import spawn
 from graphshard.plan_layout import PlanBuffers
 from graphshard.plan_ref import plan_ref
+from graphshard.staging import Staging
 from graphshard.transports import (P2PTransport, PaddedTransport, doubling_tiers, make_transport,
                                    pick_tier)
 
@@ -158,6 +159,79 @@ def test_p2p_transport_interpreted(tp):
     configs = configs_for("p2p", tp)
     results = spawn(check_transports, tp, configs, timeout_s=300)
     assert results == [[{"name": "p2p", "checked": c[3]} for c in configs]] * tp
+
+
+# -- steps that end closed --------------------------------------------------------------------
+def check_closed_steps(rank: int, tp: int, kind: str, seed: int, num_steps: int):
+    """The transport calls of a decode loop: every step is exchange + gather (shard) or
+    all-gather + close (replicate), its push unfenced since the step before ended closed, and
+    the call that ends it raises the step's done word. Batch, bucket and strategy change every
+    step (the same on every rank); a barrier now and then, as between captures. One rank is slow
+    to read what it was sent each step: a peer that did not wait for it at the step's end would
+    overwrite its rows (and re-raise flags it has not consumed) in the next step."""
+    transport = make_transport(kind, None, "cpu")
+    transport.setup(max_num_rows=MAX_ROWS, max_num_reqs=MAX_REQS, vocab_shard=VOCAB_SHARD,
+                    logits_dtype=torch.float32, record_width=WIDTH)
+    staging = Staging(MAX_REQS, MAX_M, torch.device("cpu"))
+    rng = np.random.default_rng(seed)
+    vocab = tp * VOCAB_SHARD
+    strategies = []
+    for step in range(num_steps):
+        staging.meta[:2].view(torch.int64)[0] = step  # what the step's fetch leaves in meta
+        batch = random_batch(rng, int(rng.integers(0, MAX_REQS + 1)), tp,
+                             ("random", "one_owner", "skip_owner")[step % 3])
+        n = batch[0].shape[0]
+        bucket = int(rng.integers(max(n, 1), MAX_REQS + 1))
+        full = torch.from_numpy(rng.standard_normal((bucket * MAX_M, vocab)).astype(np.float32))
+        shard = full[:, rank * VOCAB_SHARD:(rank + 1) * VOCAB_SHARD].contiguous()
+        where = f"rank {rank} step {step} n={n} bucket={bucket}"
+        strategies.append(("replicate", "shard")[int(rng.integers(2))])
+        if strategies[-1] == "shard":
+            max_reqs, max_rows = owner_counts(batch, tp)
+            capacity = transport.pick_capacity(bucket * MAX_M, max_rows)
+            capacity_reqs = transport.pick_capacity(bucket, max_reqs)
+            plan = make_plan(batch, tp, rank, capacity_reqs)
+            got = transport.exchange(plan, shard, None, capacity, fenced=False)
+            _dawdle(rank, step, tp)
+            local_rows = int(plan.local_num_rows)
+            want = full[plan.local_row_src[:local_rows].long()]
+            torch.testing.assert_close(got[:local_rows], want, rtol=0, atol=0, msg=where)
+            records = torch.full((MAX_REQS, WIDTH), -1, dtype=torch.int32)
+            local = int(plan.local_num_reqs)
+            records[:local] = (plan.local_req_indices[:local, None] * 100 + step
+                               + torch.arange(WIDTH, dtype=torch.int32))
+            got = transport.gather(plan, records, None, capacity_reqs, bucket, done=staging)
+            want = torch.arange(n, dtype=torch.int32)[:, None] * 100 + step + torch.arange(WIDTH)
+            assert torch.equal(got[:n], want.to(torch.int32)), f"{where}: gather"
+        else:
+            num_rows = int(rng.integers(0, bucket * MAX_M + 1))
+            got = transport.all_gather_vocab(shard, None, num_rows, fenced=False)
+            _dawdle(rank, step, tp)
+            torch.testing.assert_close(got[:num_rows], full[:num_rows], rtol=0, atol=0, msg=where)
+            transport.close(done=staging)
+        assert staging.finished() == step, where
+        if step % 7 == 6:
+            transport.barrier()
+    transport.barrier()
+    dist.barrier()  # every rank is past every kernel: no flag is in flight
+    idle = kind != "p2p" or not (transport._signals.any() or transport._arrivals.any())
+    return {"steps": num_steps, "strategies": "".join(s[0] for s in strategies), "idle": idle}
+
+
+def _dawdle(rank: int, step: int, tp: int):
+    if rank == step % tp:
+        time.sleep(0.05)
+
+
+@pytest.mark.parametrize("kind, tp", [("gloo", 2), pytest.param("p2p", 2, marks=needs_interpreter),
+                                      pytest.param("p2p", 3, marks=needs_interpreter)])
+def test_closed_steps_back_to_back(kind, tp):
+    steps = {2: 30, 3: 14}[tp]
+    results = spawn(check_closed_steps, tp, kind, 5 + tp, steps, timeout_s=300)
+    assert all(r == results[0] for r in results)
+    r = results[0]
+    assert r["steps"] == steps and r["idle"]
+    assert "ss" in r["strategies"] and "rr" in r["strategies"] and "sr" in r["strategies"]
 
 
 def error_of(fn, *args) -> str:

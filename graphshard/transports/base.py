@@ -7,6 +7,12 @@ host-side arguments (capacities, `num_out`, `num_rows`) are static per captured 
 `exchange` and `all_gather_vocab` share the transport's receive buffer (the p2p transport always
 lands rows there, then copies to `out` if given): their rows stay valid until the next call of
 either. Records returned by `gather` stay valid until the next `gather`.
+
+A step ends with `gather` (shard) or `close` (replicate); both take `done`, the step's done signal
+(`graphshard.staging.Staging`), which they raise once the step's results are in place. A push
+that directly follows such a step end on every rank may pass `fenced=False`: the step end already
+waited for every peer to finish reading what it was sent, so the p2p transport skips the push's
+start barrier. Transports that need no such barrier ignore `fenced`.
 """
 
 from __future__ import annotations
@@ -125,21 +131,29 @@ class Transport(ABC):
     # -- the step ---------------------------------------------------------------------------
     @abstractmethod
     def exchange(self, plan: PlanBuffers, logits_shard: torch.Tensor, out: torch.Tensor | None,
-                 capacity: int) -> torch.Tensor:
+                 capacity: int, *, fenced: bool = True) -> torch.Tensor:
         """Give each owner full-vocabulary rows: `out[j] = concat_s(shard_s[plan.local_row_src[j]])`
         for j < plan.local_num_rows. Returns the tensor holding them (`out`, or the transport's
         receive buffer when `out` is None)."""
 
     @abstractmethod
     def gather(self, plan: PlanBuffers, records: torch.Tensor, out: torch.Tensor | None,
-               capacity_reqs: int, num_out: int) -> torch.Tensor:
+               capacity_reqs: int, num_out: int, *, done=None) -> torch.Tensor:
         """All ranks end with `out[i]` = the owner's record of batch request i, for i < num_out.
-        Returns the tensor holding them (`out`, or the transport's output buffer)."""
+        Returns the tensor holding them (`out`, or the transport's output buffer). Ends a step:
+        raises `done` (if given) once the records are in place."""
 
     @abstractmethod
     def all_gather_vocab(self, logits_shard: torch.Tensor, out: torch.Tensor | None,
-                         num_rows: int) -> torch.Tensor:
+                         num_rows: int, *, fenced: bool = True) -> torch.Tensor:
         """Every rank gets full-vocabulary rows `out[:num_rows]` (vocab blocks in rank order)."""
+
+    def close(self, done=None) -> None:
+        """End a step that has no `gather` (replicate), after its last read of the rows: raises
+        `done` (if given). Collective transports need nothing more; p2p adds a barrier."""
+        self._check_ready()
+        if done is not None:
+            done.signal_done()
 
     @abstractmethod
     def barrier(self) -> None: ...

@@ -7,19 +7,48 @@ owner d's block goes straight to d's full-vocabulary buffer at row j, columns
 happen in the transfer. The record gather is the same trick: each owner stores a record into
 every rank's output buffer at its batch position.
 
-Ordering. Every kernel brackets its stores with signal-pad barriers, per program id: a start
-barrier (each peer has finished every earlier kernel on its stream, so it no longer reads the
-buffer about to be overwritten) and an end barrier (every store into this rank's buffers is
-complete and visible). Flags are set with release and consumed (reset to 0) with acquire, both at
-system scope; each slot is used once per barrier phase and is consumed before its sender can
-reach the same phase again, so the pads return to zero after every kernel and need no host-side
-epoch (graph replays just work).
+Ordering. A barrier is per program id: program p of every rank raises a flag on every rank's pad
+(release, system scope) and waits for every rank's flag for p on its own pad, consuming it (CAS
+1 -> 0, acquire). A rank passes a barrier only once every peer has arrived at it, and a peer
+arrives only after every earlier kernel on its stream has finished. So once past a barrier, a
+rank may overwrite whatever its peers read, or waited on, before that barrier.
+
+A push's end barrier says that what it stored has landed. Its start barrier says that the peers
+no longer read the buffer it is about to overwrite. Inside an engine step the push skips the
+start barrier (`fenced=False`) because every step ends *closed*: its last transport call ends
+with a barrier placed after the step's last read of what it was sent.
+- shard: plan -> row push (end barrier) -> sampler -> record push (end barrier). The record push
+  runs after the sampler on every rank, so its end barrier closes the step. Its own start
+  barrier is the row push's end barrier: every peer has started this step, so it is done
+  reading the previous step's records (a host copy enqueued before the step included).
+- replicate: all-gather push (end barrier) -> sampler -> `close()`, a record push with no
+  records on its own channel, whose end barrier closes the step.
+A rank that writes step k's rows has passed the close of step k - 1, which no peer reaches
+before its sampler of step k - 1 has finished: one receive buffer suffices. (Double-buffering it
+by a device-side step parity could spare only replicate's close: the shard step needs its
+record push's end barrier anyway. And the sampler reads the rows through a pointer frozen into
+the graph, which cannot follow a parity the device picks.)
+The pads stay consistent by the same argument: a rank raises a flag again only after passing a
+barrier that its peer reaches after consuming the first one (a step's push end barrier and its
+close alternate; `barrier()` and fenced calls carry both phases). Every kernel leaves the pads
+at zero, so graph replays need no host-side epoch. What runs on the transport keeps this rule:
+- its own set-up ends with a two-phase barrier, so the first step may push unfenced;
+- warm-up, capture, `auto`'s timing runs and eager steps above the largest bucket all run the
+  same closed step functions; captures are separated by two-phase barriers;
+- a batch refused by the checks launches nothing on any rank; a rank that refuses its own
+  tensors stops stepping, and like any step that fails (a barrier that gave up, an exception
+  while issuing), this breaks the transport for good: the engine never steps again.
 
 Faults. A peer that died or stopped stepping never raises its flag, so every wait is bounded:
 past `timeout_s` the program gives up, records (phase, peer) in a status word (a device word
 the later barriers read so they give up at once, and a pinned host copy the engine reads
 without a device sync) and lets the kernel finish. The pads are then in an unknown state: the
-transport is broken for good and `fault()` says why.
+transport is broken for good and `fault()` says why. Every decision a barrier branches on (the
+flag, the clock, the status word) is one value per program, so its warps never part ways on
+it (they meet at block-wide barriers inside the loop).
+
+The record push can also end the engine's step (`done`): the last of its programs past the end
+barrier writes the step's done word (`graphshard.staging`), so the step needs no kernel for it.
 
 On CPU the same kernels run under the Triton interpreter against shared-file mappings, which lets
 the CPU suite run the real kernels, barriers included, across processes.
@@ -38,27 +67,43 @@ import torch
 import torch.distributed as dist
 import triton
 import triton.language as tl
-from triton.language.extra import cuda as tl_cuda
 
 from graphshard.launch import launch
 from graphshard.plan_layout import PlanBuffers
+from graphshard.staging import signal_done
 from graphshard.transports.base import Transport
 
 # Signal-pad channels: two phases (start, end) per kind of kernel.
-_CH_ROWS, _CH_RECORDS, _CH_BARRIER = 0, 2, 4
-_NUM_CHANNELS = 6
+_CH_ROWS, _CH_RECORDS, _CH_BARRIER, _CH_CLOSE = 0, 2, 4, 6
+_NUM_CHANNELS = 8
 _MAX_ROW_BLOCK = 4096
 _PHASES = ("row push start", "row push end", "record push start", "record push end",
-           "barrier phase 1", "barrier phase 2")
+           "barrier phase 1", "barrier phase 2", "step close start", "step close end")
 
 if os.environ.get("TRITON_INTERPRET") == "1":
     @triton.jit
-    def _now_ns():
+    def _clock_ns():
         return time.monotonic_ns()  # the interpreter has no %globaltimer
+
+    @triton.jit
+    def _spin_pause():
+        # Interpreted ranks share a few CPU cores: a rank spinning flat out starves the peer it
+        # waits for.
+        time.sleep(20e-6)
 else:
     @triton.jit
-    def _now_ns():
-        return tl_cuda.globaltimer()
+    def _spin_pause():
+        pass
+
+    @triton.jit
+    def _clock_ns():
+        """%globaltimer as one value for the whole program. Warps read the clock at different
+        times; the max over a tensor that spans every thread is reduced through shared memory,
+        so each thread gets the same value (1024 lanes: at least one per thread)."""
+        lanes = tl.arange(0, 1024)
+        now = tl.inline_asm_elementwise("mov.u64 $0, %globaltimer;", "=l,r", [lanes],
+                                        dtype=tl.int64, is_pure=False, pack=1)
+        return tl.max(now, axis=0)
 
 
 @triton.jit
@@ -74,26 +119,37 @@ def _arrive(signal_ptrs_ptr, slot, rank, WORLD_SIZE: tl.constexpr, WORLD_POW2: t
 
 
 @triton.jit
+def _healthy(status_ptr):
+    """No barrier has given up yet. An atomic read runs on one thread and is broadcast; a plain
+    load runs on every thread, and a status landing between two warps' loads would split them."""
+    return tl.atomic_add(status_ptr, 0, sem="relaxed", scope="gpu") == 0
+
+
+@triton.jit
 def _await(signal_ptrs_ptr, status_ptr, healthy, slot, rank, timeout_ns, MAX_BLOCKS: tl.constexpr,
            WORLD_SIZE: tl.constexpr):
     """Wait for every rank's flag for `slot` on this rank's pad and consume it (acquire). Gives
     up past `timeout_ns`, or at once when an earlier kernel faulted (`healthy` is false), and
     records why. Returns whether every peer arrived: a program that gave up skips its later
     barriers (measured on H200: a second barrier in the same kernel did not see the first one's
-    status write)."""
+    status write). The flag's CAS (one thread, broadcast) and `_clock_ns` are program-wide
+    values, so every thread leaves the loop at the same spin."""
     pad = tl.load(signal_ptrs_ptr + rank).to(tl.pointer_type(tl.int32)) + slot * WORLD_SIZE
     ok = healthy
     if ok:
-        start = _now_ns()
+        start = tl.zeros([], dtype=tl.int64)  # set at the first clock read: 0 is never a time
         for peer in tl.static_range(WORLD_SIZE):
             arrived = tl.atomic_cas(pad + peer, 1, 0, sem="acquire", scope="sys") == 1
             late = False
             spins = 0
             while not (arrived | late):
+                _spin_pause()
                 arrived = tl.atomic_cas(pad + peer, 1, 0, sem="acquire", scope="sys") == 1
                 spins += 1
-                if spins % 64 == 0:  # the clock read stays off the common, short waits
-                    late = _now_ns() - start > timeout_ns
+                if spins % 64 == 0:  # the clock stays off the common, short waits
+                    now = _clock_ns()
+                    start = tl.where(start == 0, now, start)
+                    late = now - start > timeout_ns
             if not arrived:
                 _record_fault(status_ptr, slot // MAX_BLOCKS, peer)
             ok = ok & arrived
@@ -104,20 +160,23 @@ def _await(signal_ptrs_ptr, status_ptr, healthy, slot, rank, timeout_ns, MAX_BLO
 @triton.jit
 def _record_fault(status_ptr, phase, peer):
     """status = [1 + phase, peer] in device memory, then in the pinned host copy whose address
-    is status[2:4]; the first program to give up wins."""
+    is status[2:4]; the first program to give up wins. The system-scope atomic last makes the
+    host copy visible before anything this program does next, such as the step's done word a
+    fused record push writes (the host reads the status after seeing that word)."""
     if tl.atomic_cas(status_ptr, 0, 1 + phase, sem="relaxed", scope="gpu") == 0:
         host = tl.load(status_ptr.to(tl.pointer_type(tl.int64)) + 1)
         host = host.to(tl.pointer_type(tl.int32))
         tl.store(host + 1, peer)
         tl.store(host, 1 + phase)
+        tl.atomic_xchg(status_ptr + 1, peer, sem="acq_rel", scope="sys")
 
 
 @triton.jit
 def _sync(signal_ptrs_ptr, status_ptr, slot, rank, timeout_ns, MAX_BLOCKS: tl.constexpr,
           WORLD_SIZE: tl.constexpr, WORLD_POW2: tl.constexpr):
-    # Loaded before the arrive, so its latency overlaps the flag stores.
-    healthy = tl.load(status_ptr, volatile=True) == 0
     _arrive(signal_ptrs_ptr, slot, rank, WORLD_SIZE, WORLD_POW2)
+    # Read after the arrive, so its latency overlaps the flag stores.
+    healthy = _healthy(status_ptr)
     return _await(signal_ptrs_ptr, status_ptr, healthy, slot, rank, timeout_ns, MAX_BLOCKS,
                   WORLD_SIZE)
 
@@ -140,12 +199,15 @@ def _push_rows_kernel(
     MAX_BLOCKS: tl.constexpr,
     CHANNEL: tl.constexpr,
     ALL_ROWS: tl.constexpr,
+    FENCE: tl.constexpr,  # start barrier; off inside a step that follows a closed one
     BLOCK: tl.constexpr,
 ):
     pid = tl.program_id(0)
     num_programs = tl.num_programs(0)
-    ok = _sync(signal_ptrs_ptr, status_ptr, CHANNEL * MAX_BLOCKS + pid, rank, timeout_ns,
-               MAX_BLOCKS, WORLD_SIZE, WORLD_POW2)
+    ok = True
+    if FENCE:
+        ok = _sync(signal_ptrs_ptr, status_ptr, CHANNEL * MAX_BLOCKS + pid, rank, timeout_ns,
+                   MAX_BLOCKS, WORLD_SIZE, WORLD_POW2)
 
     num_chunks = (VOCAB_SHARD + BLOCK - 1) // BLOCK
     peers = tl.arange(0, WORLD_POW2)
@@ -192,6 +254,10 @@ def _push_records_kernel(
     dst_ptrs_ptr,  # [T] int64: each rank's output buffer [max_num_reqs, WIDTH]
     signal_ptrs_ptr,  # [T] int64: each rank's signal pad
     status_ptr,  # [4] int32: fault status
+    arrivals_ptr,  # [1] int32: programs past the end barrier (DONE); 0 between kernels
+    done_addresses_ptr,  # DONE: graphshard.staging's addresses, meta step number, last step
+    done_seq_ptr,
+    done_last_ptr,
     rank,
     timeout_ns,
     WIDTH: tl.constexpr,
@@ -202,6 +268,7 @@ def _push_records_kernel(
     MAX_BLOCKS: tl.constexpr,
     CHANNEL: tl.constexpr,
     FENCE_BEFORE: tl.constexpr,
+    DONE: tl.constexpr,
 ):
     pid = tl.program_id(0)
     num_programs = tl.num_programs(0)
@@ -230,6 +297,14 @@ def _push_records_kernel(
     if ok:
         _sync(signal_ptrs_ptr, status_ptr, (CHANNEL + 1) * MAX_BLOCKS + pid, rank, timeout_ns,
               MAX_BLOCKS, WORLD_SIZE, WORLD_POW2)
+    if DONE:
+        # Each program's end barrier covers the peers' programs of its id; the step is done
+        # once every program is past its own. The last one writes the done word and re-arms the
+        # count (the next kernel to use it runs after this one). A program that gave up counts
+        # too: the host then finds the fault next to the done word.
+        if tl.atomic_add(arrivals_ptr, 1, sem="acq_rel", scope="gpu") == num_programs - 1:
+            tl.atomic_xchg(arrivals_ptr, 0, sem="relaxed", scope="gpu")
+            signal_done(done_addresses_ptr, done_seq_ptr, done_last_ptr)
 
 
 @triton.jit(do_not_specialize=["timeout_ns"])
@@ -352,9 +427,11 @@ class P2PTransport(Transport):
     """Pushes only the real rows into peers' mapped buffers; reads every count on the device.
 
     `exchange`/`all_gather_vocab` fill `receive_buffer()` and `gather` fills `output_buffer()`
-    (both symmetric); pass `out` to get a copy. A `gather` issued right after an exchange,
-    all-gather or barrier (nothing but local work in between, as in one step) reuses that op's
-    start barrier instead of running its own.
+    (both symmetric); pass `out` to get a copy. A `gather` or `close` issued right after an
+    exchange, all-gather or barrier (nothing but local work in between, as in one step) reuses
+    that op's end barrier as its start barrier. `fenced=False` drops a push's start barrier (see
+    the module docstring for when that is sound); `done` fuses a step's done signal into the
+    kernel that ends it.
     """
 
     name = "p2p"
@@ -401,6 +478,9 @@ class P2PTransport(Transport):
         self._recv_ptrs, self._out_ptrs = as_table(recv_ptrs), as_table(out_ptrs)
         self._signal_ptrs = as_table(signal_ptrs)
         self._no_rows = torch.zeros(self.tp_size + 1, dtype=torch.int32, device=self.device)
+        self._no_records = torch.zeros(1, self.record_width, dtype=torch.int32, device=self.device)
+        self._no_done = torch.zeros(2, dtype=torch.int64, device=self.device)  # DONE off: unread
+        self._arrivals = torch.zeros(1, dtype=torch.int32, device=self.device)
         self._allocate_status()
         self._row_block = min(_MAX_ROW_BLOCK, triton.next_power_of_2(self.vocab_shard))
         width_pow2 = triton.next_power_of_2(self.record_width)
@@ -426,17 +506,23 @@ class P2PTransport(Transport):
                 f"{self.timeout_s:g} s waiting for rank {peer}")
 
     def _warm_up(self):
-        """Compile every kernel variant and run each once with empty counts, before any capture."""
-        zeros = self._no_rows
+        """Compile the kernel variants a step uses and run each once with empty counts, before
+        any capture (the fused done signal compiles in the engine's own warm-up runs). The order
+        keeps every unfenced push right after a closing call."""
+        zeros, records = self._no_rows, self._no_records
         # Laid out like an engine's logits and records buffers, so the variants compiled here
         # are the ones a capture later launches.
         logits = torch.zeros(1, self.vocab_shard, dtype=self.logits_dtype, device=self.device)
-        records = torch.zeros(1, self.record_width, dtype=torch.int32, device=self.device)
         self._launch_barrier()
-        self._push_rows(logits, zeros, zeros, num_rows=0, all_rows=False)
+        self._push_rows(logits, zeros, zeros, num_rows=0, all_rows=False, fenced=True)
         self._push_records(records, zeros, zeros)  # start barrier reused from the push
         self._push_records(records, zeros, zeros)  # its own start barrier
-        self._push_rows(logits, zeros, zeros, num_rows=0, all_rows=True)
+        self._push_rows(logits, zeros, zeros, num_rows=0, all_rows=False, fenced=False)
+        self._push_records(records, zeros, zeros)
+        self._push_rows(logits, zeros, zeros, num_rows=0, all_rows=True, fenced=True)
+        self._close(None)
+        self._push_rows(logits, zeros, zeros, num_rows=0, all_rows=True, fenced=False)
+        self._close(None)
         self._launch_barrier()
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
@@ -453,53 +539,70 @@ class P2PTransport(Transport):
         return self._records_out
 
     # -- launchers --------------------------------------------------------------------------
-    def _push_rows(self, logits_shard, send_rows, row_offsets, *, num_rows: int, all_rows: bool):
+    def _push_rows(self, logits_shard, send_rows, row_offsets, *, num_rows: int, all_rows: bool,
+                   fenced: bool):
         launch(_push_rows_kernel, (self.num_blocks,),
                logits_shard, logits_shard.stride(0), send_rows, row_offsets, num_rows,
                self._recv_ptrs, self._signal_ptrs, self._status, self.tp_rank, self._timeout_ns,
                VOCAB_SHARD=self.vocab_shard, WORLD_SIZE=self.tp_size,
                WORLD_POW2=triton.next_power_of_2(self.tp_size), MAX_BLOCKS=self.num_blocks,
-               CHANNEL=_CH_ROWS, ALL_ROWS=all_rows, BLOCK=self._row_block,
+               CHANNEL=_CH_ROWS, ALL_ROWS=all_rows, FENCE=fenced, BLOCK=self._row_block,
                num_warps=8 if self._row_block >= 2048 else 4)
         self._peers_synced = True
 
-    def _push_records(self, records, local_num_reqs, local_req_indices):
-        launch(_push_records_kernel, (self._record_blocks,),
+    def _push_records(self, records, local_num_reqs, local_req_indices, *, done=None,
+                      channel: int = _CH_RECORDS, grid: int | None = None):
+        done_args = done.done_args() if done is not None else (self._no_done,) * 3
+        launch(_push_records_kernel, (grid or self._record_blocks,),
                records, records.stride(0), local_num_reqs, local_req_indices,
-               self._out_ptrs, self._signal_ptrs, self._status, self.tp_rank, self._timeout_ns,
+               self._out_ptrs, self._signal_ptrs, self._status, self._arrivals, *done_args,
+               self.tp_rank, self._timeout_ns,
                WIDTH=self.record_width, WIDTH_POW2=triton.next_power_of_2(self.record_width),
                REQ_TILE=self._req_tile, WORLD_SIZE=self.tp_size,
                WORLD_POW2=triton.next_power_of_2(self.tp_size), MAX_BLOCKS=self.num_blocks,
-               CHANNEL=_CH_RECORDS, FENCE_BEFORE=not self._peers_synced)
+               CHANNEL=channel, FENCE_BEFORE=not self._peers_synced, DONE=done is not None)
         self._peers_synced = False
+
+    def _close(self, done):
+        # A record push with nothing to push: its end barrier on its own channel, and `done`.
+        self._push_records(self._no_records, self._no_rows, self._no_rows, done=done,
+                           channel=_CH_CLOSE, grid=1)
 
     # -- the step ---------------------------------------------------------------------------
     def exchange(self, plan: PlanBuffers, logits_shard: torch.Tensor, out: torch.Tensor | None = None,
-                 capacity: int | None = None) -> torch.Tensor:
+                 capacity: int | None = None, *, fenced: bool = True) -> torch.Tensor:
         self._check_logits(logits_shard)
         self._check_plan(plan)
         capacity = self.max_num_rows if capacity is None else capacity
         self._check_rows_out(out, capacity)
         self._push_rows(logits_shard, plan.send_rows, plan.owner_row_offsets, num_rows=0,
-                        all_rows=False)
+                        all_rows=False, fenced=fenced)
         return self._deliver(self._recv, out, capacity)
 
     def gather(self, plan: PlanBuffers, records: torch.Tensor, out: torch.Tensor | None = None,
-               capacity_reqs: int | None = None, num_out: int | None = None) -> torch.Tensor:
+               capacity_reqs: int | None = None, num_out: int | None = None, *,
+               done=None) -> torch.Tensor:
         num_out = self.max_num_reqs if num_out is None else num_out
         capacity_reqs = self.max_num_reqs if capacity_reqs is None else capacity_reqs
         self._check_records(records, out, capacity_reqs, num_out)
         self._check_plan(plan)
-        self._push_records(records, plan.local_num_reqs, plan.local_req_indices)
+        self._push_records(records, plan.local_num_reqs, plan.local_req_indices, done=done)
         return self._deliver(self._records_out, out, num_out)
 
     def all_gather_vocab(self, logits_shard: torch.Tensor, out: torch.Tensor | None = None,
-                         num_rows: int | None = None) -> torch.Tensor:
+                         num_rows: int | None = None, *, fenced: bool = True) -> torch.Tensor:
         num_rows = self.max_num_rows if num_rows is None else num_rows
         self._check_logits(logits_shard, num_rows)
         self._check_rows_out(out, num_rows, "num_rows")
-        self._push_rows(logits_shard, self._no_rows, self._no_rows, num_rows=num_rows, all_rows=True)
+        self._push_rows(logits_shard, self._no_rows, self._no_rows, num_rows=num_rows,
+                        all_rows=True, fenced=fenced)
         return self._deliver(self._recv, out, num_rows)
+
+    def close(self, done=None) -> None:
+        """End a step whose last push was an all-gather: one barrier after the sampler (start
+        barrier reused from the push), with `done` fused."""
+        self._check_ready()
+        self._close(done)
 
     def barrier(self):
         self._check_ready()

@@ -5,12 +5,13 @@ import pytest
 import torch
 
 from graphshard.params import SamplingParams, SlotTables
-from graphshard.plan import _plan_kernel, plan
+from graphshard.plan import _fetch_plan_kernel, _plan_kernel, fetch_and_plan, plan
 from graphshard.plan_layout import PLAN_FIELDS, PlanBuffers
 from graphshard.plan_ref import plan_ref
 from graphshard.records import RecordLayout, unpack
 from graphshard.sampler import sample
 from graphshard.sampler_ref import sample_ref
+from graphshard.staging import Staging
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 
@@ -54,6 +55,41 @@ def test_plan_kernel_equals_reference_and_compiles_once():
             before = _compiled_variants(_plan_kernel, dev)
     # Ranks differ (a constexpr), n and stride do not: at most one binary per rank seen.
     assert _compiled_variants(_plan_kernel, dev) - before <= tp - 1
+
+
+def test_fused_fetch_and_plan_equals_reference_and_compiles_once():
+    """The shard step's first kernel: it reads the staged row from pinned host memory, stores it
+    into meta, and plans from meta in the same program (a block barrier between the two)."""
+    dev = torch.device("cuda", torch.cuda.current_device())
+    rng = np.random.default_rng(1)
+    max_reqs, max_m, tp = 1024, 4, 2
+    staging = Staging(max_reqs, max_m, dev)
+    buf = PlanBuffers.allocate(max_reqs, max_m, tp, dev)
+    drafts = torch.from_numpy(rng.integers(0, 100, max_reqs * max_m).astype(np.int32)).to(dev)
+    before = None
+    for step in range(30):
+        n = int(rng.choice([0, 1, 7, 100, 513, max_reqs]))
+        slots = rng.choice(4 * max_reqs, n, replace=False).astype(np.int32)
+        cu = np.concatenate([[0], np.cumsum(rng.integers(1, max_m + 1, n))]).astype(np.int32)
+        lens = rng.integers(0, 5000, n).astype(np.int32)
+        stride = int(rng.integers(max(n, 1), 2 * max_reqs))
+        rank = step % tp
+        torch.cuda.synchronize(dev)  # the row staged two steps ago is free again
+        staging.write(step, slots, cu, lens, False)
+        for t in buf.as_dict().values():
+            t.fill_(-7)
+        fetch_and_plan(staging, buf, tp_rank=rank, gather_stride=stride,
+                       max_num_logits_per_req=max_m, draft_token_ids=drafts)
+        staging.signal_done()
+        ref = plan_ref(slots, cu, lens, tp_size=tp, tp_rank=rank, max_num_reqs=max_reqs,
+                       max_num_logits_per_req=max_m, gather_stride=stride,
+                       draft_token_ids=drafts.cpu().numpy())
+        for name in PLAN_FIELDS:
+            np.testing.assert_array_equal(getattr(buf, name).cpu().numpy(), ref[name], err_msg=name)
+        assert staging.finished() == step
+        if step == 1:
+            before = _compiled_variants(_fetch_plan_kernel, dev)
+    assert _compiled_variants(_fetch_plan_kernel, dev) == before  # one binary per rank
 
 
 @pytest.mark.parametrize("vocab, dtype, K, M", [(152064, torch.float32, 0, 1), (152064, torch.bfloat16, 3, 2),
