@@ -19,9 +19,11 @@ $(VENV)/.installed: pyproject.toml
 
 env: $(VENV)/.installed
 
+# The quick first run; a longer one: `make demo STEPS=100` or `make demo CONFIG=configs/cpu-demo-long.toml`.
 TP ?=
+STEPS ?=
 demo: env
-	$(PY) -m graphshard demo --config $(CONFIG) $(if $(TP),--tp $(TP))
+	$(PY) -m graphshard demo --config $(CONFIG) $(if $(TP),--tp $(TP)) $(if $(STEPS),--steps $(STEPS))
 
 # The CPU suite runs its kernels under the Triton interpreter; tests/gpu needs compiled kernels.
 test: env
