@@ -3,6 +3,9 @@
     python examples/decode_loop.py                    # tp = 1, then tp = 2; the tokens must match
     python examples/decode_loop.py --tp 4 --requests 400
 
+(with graphshard importable: `.venv/bin/python` after `make env`, or `PYTHONPATH=.` from the
+repository root.)
+
 Without CUDA it runs on gloo processes (Triton's interpreter, emulated graphs: slow, so the sizes
 are tiny); with CUDA GPUs on NCCL with CUDA graphs, where it also times the sampling step
 against the same loop with an all-gather of the logits and a plain PyTorch sampler.
@@ -18,6 +21,7 @@ What to copy into a real loop:
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import time
 from dataclasses import dataclass, field
 
@@ -100,16 +104,18 @@ KINDS = [dict(temperature=0.0),  # greedy
          dict(temperature=0.9, top_k=50, top_p=0.95, min_p=0.05)]
 
 
-def make_requests(num: int, vocab_size: int, spread: int, max_new_tokens: int, seed: int = 0) -> list[Request]:
+def make_requests(num: int, vocab_size: int, spread: int, max_new_tokens: int,
+                  seed: int = 0) -> list[Request]:
     """Requests with mixed parameters, explicit seeds, some with logprobs, arriving over `spread`
     steps with 2 to `max_new_tokens` new tokens each."""
     rng = np.random.default_rng(seed)
     out = []
     for i in range(num):
-        params = SamplingParams(**KINDS[i % len(KINDS)], seed=1000 + i, num_logprobs=3 if i % 3 == 0 else 0)
+        params = SamplingParams(**KINDS[i % len(KINDS)], seed=1000 + i,
+                                num_logprobs=3 if i % 3 == 0 else 0)
         prompt = rng.integers(0, vocab_size, size=int(rng.integers(1, 5))).tolist()
-        out.append(Request(i, int(rng.integers(0, spread)), prompt, int(rng.integers(2, max_new_tokens + 1)),
-                           params))
+        arrival, length = int(rng.integers(0, spread)), int(rng.integers(2, max_new_tokens + 1))
+        out.append(Request(i, arrival, prompt, length, params))
     return sorted(out, key=lambda r: (r.arrival, r.rid))
 
 
@@ -192,14 +198,14 @@ def allgather_torch_sampler(engine: Engine):
             full = parts.view(tp, n, -1).permute(1, 0, 2).reshape(n, -1)[:, :vocab]
         else:
             full = logits[:, :vocab]
-        p = [r.params for r in running]
-        column = lambda xs: torch.tensor(xs, dtype=torch.float32, device=device)[:, None]  # noqa: E731
-        temperature = column([x.temperature for x in p])
-        top_k, top_p, min_p = column([x.top_k for x in p]), column([x.top_p for x in p]), column([x.min_p for x in p])
+        temperature, top_k, top_p, min_p = (
+            torch.tensor([[getattr(r.params, f)] for r in running], dtype=torch.float32, device=device)
+            for f in ("temperature", "top_k", "top_p", "min_p"))
         scores, order = (full / temperature.clamp_min(1e-5)).sort(dim=-1, descending=True)
         ranks = torch.arange(vocab, device=device)[None, :]
         probs = scores.softmax(-1)
-        drop = ((top_k > 0) & (ranks >= top_k)) | (probs.cumsum(-1) - probs > top_p) | (probs < min_p * probs[:, :1])
+        drop = (((top_k > 0) & (ranks >= top_k)) | (probs.cumsum(-1) - probs > top_p)
+                | (probs < min_p * probs[:, :1]))
         pick = torch.multinomial(scores.masked_fill(drop, -torch.inf).softmax(-1), 1, generator=g)
         tokens = torch.where(temperature == 0, full.argmax(-1, keepdim=True), order.gather(1, pick))
         logprobs = full.log_softmax(-1).gather(1, tokens)
@@ -210,22 +216,25 @@ def allgather_torch_sampler(engine: Engine):
 
 
 def run_rank(rank: int, tp: int, s: Settings) -> dict:
-    engine = Engine(config(s))  # the default group that spawn (or torchrun) set up
+    engine = Engine(config(s))  # on the default group that spawn (or torchrun) set up
     engine.capture()
-    decoder = TinyDecoder(s.vocab_size, engine.vocab, engine.shard_columns(), engine.config.max_num_slots,
-                          engine.device)
-    requests = make_requests(s.requests, s.vocab_size, 2 * s.requests, s.max_new_tokens)
+
+    def fresh():  # the same decoder and requests for each loop
+        decoder = TinyDecoder(s.vocab_size, engine.vocab, engine.shard_columns(),
+                              engine.config.max_num_slots, engine.device)
+        # Arrivals over the first steps: batches fill up, then drain as requests finish.
+        spread = max(1, 2 * s.requests // s.max_batch)
+        return decoder, make_requests(s.requests, s.vocab_size, spread, s.max_new_tokens)
+
+    decoder, requests = fresh()
     start = time.perf_counter()
     times = decode_loop(engine, decoder, requests, graphshard_sampler(engine))
     elapsed = time.perf_counter() - start
-    result = {"tokens": {r.rid: r.tokens for r in requests}, "logprobs": {r.rid: r.logprobs for r in requests},
-              "steps": len(times), "elapsed": elapsed, "step_s": times, "stats": engine.stats(),
-              "device": str(engine.device)}
+    result = {"tokens": {r.rid: r.tokens for r in requests},
+              "logprobs": {r.rid: r.logprobs for r in requests},
+              "steps": len(times), "elapsed": elapsed, "step_s": times}
     if s.baseline:
-        decoder = TinyDecoder(s.vocab_size, engine.vocab, engine.shard_columns(), engine.config.max_num_slots,
-                              engine.device)
-        requests = make_requests(s.requests, s.vocab_size, 2 * s.requests, s.max_new_tokens)
-        result["baseline_step_s"] = decode_loop(engine, decoder, requests, allgather_torch_sampler(engine))
+        result["baseline_step_s"] = decode_loop(engine, *fresh(), allgather_torch_sampler(engine))
     engine.close()
     return result
 
@@ -244,15 +253,18 @@ def main() -> int:
     if gpus and gpus < args.tp:
         raise SystemExit(f"--tp {args.tp} needs {args.tp} GPUs, found {gpus}")
     # Tiny on CPU (the interpreter runs every kernel program in Python); serving-sized on GPUs.
-    s = Settings(vocab_size=args.vocab or (128256 if gpus else 200), max_batch=args.max_batch or (64 if gpus else 4),
+    s = Settings(vocab_size=args.vocab or (128256 if gpus else 200),
+                 max_batch=args.max_batch or (64 if gpus else 4),
                  requests=args.requests or (400 if gpus else 8), max_new_tokens=24 if gpus else 8,
                  baseline=bool(gpus) if args.baseline is None else args.baseline)
     print(f"decode loop: {s.requests} requests, vocab {s.vocab_size}, up to {s.max_batch} per step, "
           f"{backend} ({'CUDA graphs' if gpus else 'CPU: Triton interpreter, emulated graphs'})")
     runs = {}
     for tp in sorted({1, args.tp}):
-        results = spawn(run_rank, tp, s if tp == args.tp else Settings(**{**s.__dict__, "baseline": False}),
-                        backend=backend, timeout_s=1800)
+        # spawn sets NCCL_NVLS_ENABLE=0, TORCH_SYMM_MEM_DISABLE_MULTICAST=1 and
+        # NVSHMEM_DISABLE_NVLS=1 in each rank (graphshard.distributed.GPU_ENV).
+        settings = s if tp == args.tp else dataclasses.replace(s, baseline=False)
+        results = spawn(run_rank, tp, settings, backend=backend, timeout_s=1800)
         if any(r["tokens"] != results[0]["tokens"] for r in results):
             raise SystemExit(f"tp={tp}: the ranks returned different tokens")
         runs[tp] = r0 = results[0]
@@ -261,7 +273,8 @@ def main() -> int:
               f"sampling step p50 {np.median(r0['step_s']) * 1e6:.0f} us")
     if args.tp != 1:
         same = runs[1]["tokens"] == runs[args.tp]["tokens"]
-        close = all(np.allclose(runs[1]["logprobs"][k], v, atol=1e-4) for k, v in runs[args.tp]["logprobs"].items())
+        close = all(np.allclose(runs[1]["logprobs"][k], v, atol=1e-4)
+                    for k, v in runs[args.tp]["logprobs"].items())
         print(f"tp={args.tp} gives the same tokens as tp=1: {same}; the same logprobs: {close}")
         if not (same and close):
             return 1
