@@ -10,18 +10,26 @@ CONFIG ?= configs/cpu-demo.toml
 
 .PHONY: demo test test-gpu bench env clean
 
+# What the demo needs: torch, triton and graphshard itself (the first run's install stays short).
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q "$(TORCH_SPEC)" "$(TRITON_SPEC)"
+	$(PY) -m pip install -q -e .
+	touch $@
+
+# The tests and the sweep add pytest, hypothesis and matplotlib.
+$(VENV)/.installed-test: $(VENV)/.installed
 	$(PY) -m pip install -q -e ".[test,plot]"
 	touch $@
 
-env: $(VENV)/.installed
+env: $(VENV)/.installed-test
 
+# The quick first run; a longer one: `make demo STEPS=100` or `make demo CONFIG=configs/cpu-demo-long.toml`.
 TP ?=
-demo: env
-	$(PY) -m graphshard demo --config $(CONFIG) $(if $(TP),--tp $(TP))
+STEPS ?=
+demo: $(VENV)/.installed
+	$(PY) -m graphshard demo --config $(CONFIG) $(if $(TP),--tp $(TP)) $(if $(STEPS),--steps $(STEPS))
 
 # The CPU suite runs its kernels under the Triton interpreter; tests/gpu needs compiled kernels.
 test: env

@@ -16,12 +16,10 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
+from graphshard.errors import InvalidBatchError, RankDivergenceError
 from graphshard.transports.base import all_gather_single, finish
-from graphshard.validate import InvalidBatchError
 
-
-class RankDivergenceError(InvalidBatchError):
-    """Ranks passed different replicated inputs or hold different slot tables."""
+__all__ = ["AgreementCheck", "RankDivergenceError", "SlotDigest", "digest"]
 
 
 def digest(*parts) -> int:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import os
 import tomllib
 
 import numpy as np
@@ -56,15 +55,6 @@ def print_plan(cfg: Config, tp_size: int, num_reqs: int, seed: int) -> None:
         for name, t in buf.as_dict().items():
             values = t[: live.get(name, t.shape[0])].tolist()
             print(f"  {name:22s} {str(values):40s}  {PLAN_DOC[name]}")
-
-
-def use_interpreter_without_gpu() -> None:
-    """Triton kernels run under its interpreter where no GPU is present (set before triton loads)."""
-    if "TRITON_INTERPRET" not in os.environ:
-        import torch
-
-        if not torch.cuda.is_available():
-            os.environ["TRITON_INTERPRET"] = "1"
 
 
 def run_demo(cfg: Config, demo: dict, args) -> int:
@@ -143,7 +133,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv=None) -> int:
-    use_interpreter_without_gpu()
+    # Importing graphshard (this package) already chose Triton's interpreter where there is no CUDA.
     args = build_parser().parse_args(argv)
     cfg = Config.from_toml(args.config)
     with open(args.config, "rb") as f:

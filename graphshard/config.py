@@ -7,15 +7,13 @@ import tomllib
 from dataclasses import dataclass
 from pathlib import Path
 
+from graphshard.errors import ConfigError
+
 LOGITS_DTYPES = ("float32", "bfloat16", "float16")
 TRANSPORTS = ("p2p", "nccl", "gloo", "auto")
 GRAPH_BACKENDS = ("cuda", "emulated", "auto")
 STRATEGIES = ("shard", "replicate", "auto")
 FALLBACKS = ("eager", "error")
-
-
-class ConfigError(ValueError):
-    """A configuration field holds a value the engine cannot run with."""
 
 
 def default_buckets(max_bucket: int) -> tuple[int, ...]:

@@ -10,6 +10,8 @@ from __future__ import annotations
 import functools
 import logging
 import time
+import warnings
+from typing import Callable, Sequence, Union
 
 import numpy as np
 import torch
@@ -17,20 +19,26 @@ import torch.distributed as dist
 
 from graphshard.agreement import AgreementCheck, SlotDigest, digest
 from graphshard.config import Config
-from graphshard.devices import resolve_device
-from graphshard.faults import FaultGuard, StepFault
+from graphshard.devices import check_kernels_run_on, resolve_device
+from graphshard.errors import (EngineStateError, InvalidBatchError, InvalidParamsError, InvalidSlotError,
+                               InvalidTypeError, StepFault)
+from graphshard.faults import FaultGuard
 from graphshard.graphs import GraphManager, make_backend
 from graphshard.inputs import StepInputs
 from graphshard.params import SamplingParams, SlotTables
 from graphshard.plan import fetch_and_plan
 from graphshard.plan_layout import PlanBuffers
 from graphshard.records import RecordLayout, SamplerOutput, unpack
+from graphshard.rendezvous import Rendezvous
 from graphshard.routes import Route, eager_key, keys_for
 from graphshard.sampler import SamplerWorkspace, sample
 from graphshard.strategy import REPLICATE, SHARD, choose_strategies
-from graphshard.validate import BatchChecker, BatchLimits, InvalidBatchError
+from graphshard.validate import BatchChecker, BatchLimits
 
 logger = logging.getLogger(__name__)
+
+# A replicated step input: a host array of int32 (preferred), a list or a CPU tensor.
+IntArray = Union[np.ndarray, Sequence[int], torch.Tensor]
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -49,11 +57,24 @@ two rules; an Engine built with it on the emulated backend refuses violations at
 
 
 class Engine:
-    """Batch-sharded sampling for one TP group. Every rank builds one with the same config."""
+    """Batch-sharded sampling for one TP group. Every rank builds one with the same config.
+
+    What a decode loop reads (README "The step" has the whole contract):
+    - `vocab`: the padded vocabulary the LM head emits, a multiple of `vocab_pad_multiple * tp`
+      (so it depends on the TP size); `vocab_shard = vocab // tp_size` columns per rank, and
+      `shard_columns()` is this rank's `(lo, hi)` range of them.
+    - `inputs.logits`: the static [max_num_reqs * M, vocab_shard] logits buffer; writing a step's
+      shard into its leading rows and passing that view skips a copy.
+    - `layout`: the packed record layout of the step's outputs; `tp_rank`, `tp_size`, `device`,
+      `dtype` (the logits dtype), `steps` (steps issued so far).
+    """
 
     def __init__(self, config: Config, group: dist.ProcessGroup | None = None,
-                 device: torch.device | str | None = None, sampler=None):
-        """`sampler` replaces the built-in Triton sampler; see `SAMPLER_CONTRACT`."""
+                 device: torch.device | str | None = None,
+                 sampler: Callable[..., None] | None = None) -> None:
+        """Collective: every rank of `group` (default: the default group; tp = 1 without one)
+        builds its engine with the same config. `device` defaults to the current CUDA device,
+        else the CPU. `sampler` replaces the built-in Triton sampler; see `SAMPLER_CONTRACT`."""
         self.config = config
         self._user_sampler = sampler
         distributed = dist.is_available() and dist.is_initialized()
@@ -61,6 +82,7 @@ class Engine:
         self.tp_size = dist.get_world_size(self.group) if self.group is not None else 1
         self.tp_rank = dist.get_rank(self.group) if self.group is not None else 0
         self.device = resolve_device(device)
+        check_kernels_run_on(self.device)
         self.vocab = config.padded_vocab_size(self.tp_size)
         self.vocab_shard = self.vocab // self.tp_size
         self.dtype = DTYPES[config.logits_dtype]
@@ -80,6 +102,9 @@ class Engine:
         self._one_row = config.max_num_logits_per_req == 1  # then num_logits == n
         self._routes: list[Route] = []  # index n <= largest bucket, once captured
         self._views: dict[int, SamplerOutput] = {}
+        self._closed = False
+        # Steps without graphs are slow on CUDA: rank 0 says so once.
+        self._warn_uncaptured = self.device.type == "cuda" and self.tp_rank == 0
         self._setup_faults()
 
     # -- set-up --------------------------------------------------------------------------------
@@ -132,31 +157,62 @@ class Engine:
         self.slot_digest = SlotDigest(cfg.max_num_slots)
         self.agreement = AgreementCheck(self.group, self.tp_rank, self.tp_size, self.device,
                                         cfg.timeout_s) if multi and cfg.check_agreement else None
+        reporter = self.faults.reporter
+        self.rendezvous = Rendezvous(reporter.store, reporter.prefix, self.tp_rank, self.tp_size,
+                                     cfg.timeout_s)
 
     def _barrier(self) -> None:
         if self.transport is not None:
             self.transport.barrier()
 
     # -- requests ------------------------------------------------------------------------------
-    def add_request(self, slot: int, params: SamplingParams) -> None:
-        """Set a slot's sampling parameters (outside any step; identical calls on every rank)."""
+    def add_request(self, slot: int, params: SamplingParams, *, replace: bool = False) -> None:
+        """Give request slot `slot` (0 <= slot < max_num_slots) its sampling parameters. Outside
+        any step, with identical calls on every rank. A slot that already holds a request raises
+        `InvalidSlotError` unless `replace=True` (then its parameters change from the next step).
+        Errors (`InvalidSlotError`, `InvalidTypeError`, `InvalidParamsError`) change nothing."""
+        self._check_open("add_request")
         if not isinstance(params, SamplingParams):
-            raise TypeError(f"params must be SamplingParams, got {type(params).__name__}")
+            raise InvalidTypeError(f"params must be SamplingParams, got {type(params).__name__}")
         if params.num_logprobs > self.config.num_logprobs:
-            raise ValueError(f"num_logprobs {params.num_logprobs} exceeds the config's "
-                             f"num_logprobs ({self.config.num_logprobs})")
+            raise InvalidParamsError(f"num_logprobs {params.num_logprobs} exceeds the config's "
+                                     f"num_logprobs ({self.config.num_logprobs})")
+        self._check_slot(slot)
+        if self.checker.active[slot] and not replace:
+            raise InvalidSlotError(f"slot {slot} already holds a request; remove_request({slot}) "
+                                   f"first, or pass replace=True to change its parameters")
         self.tables.set(slot, params)
         self.checker.activate(slot)
         if self.agreement is not None:
             self.slot_digest.set(slot, params)
 
     def remove_request(self, slot: int) -> None:
-        if isinstance(slot, bool) or not isinstance(slot, (int, np.integer)) \
+        """Free a slot that holds a request (identical calls on every rank); anything else (a
+        free slot, one out of range, a non-integer) raises `InvalidSlotError`."""
+        self._check_open("remove_request")
+        if isinstance(slot, (bool, np.bool_)) or not isinstance(slot, (int, np.integer)) \
                 or not (0 <= slot < self.config.max_num_slots) or not self.checker.active[slot]:
-            raise ValueError(f"slot {slot!r} holds no request")
+            raise InvalidSlotError(f"slot {slot!r} holds no request")
         self.checker.deactivate(slot)
         if self.agreement is not None:
             self.slot_digest.remove(slot)
+
+    def _check_slot(self, slot) -> None:
+        if isinstance(slot, (bool, np.bool_)) or not isinstance(slot, (int, np.integer)):
+            raise InvalidTypeError(f"slot must be an integer, got {type(slot).__name__} ({slot!r})")
+        if not 0 <= slot < self.config.max_num_slots:
+            raise InvalidSlotError(f"slot {slot!r} out of range [0, {self.config.max_num_slots})")
+
+    def shard_columns(self, rank: int | None = None) -> tuple[int, int]:
+        """The `(lo, hi)` columns of the padded vocabulary that `rank` (default: this rank) holds:
+        its logits shard is `full_logits[:, lo:hi]`, i.e. rows lo..hi-1 of a vocab-parallel LM
+        head's weight padded to `vocab` rows. Columns >= `config.vocab_size` are padding, never
+        read."""
+        rank = self.tp_rank if rank is None else rank
+        if isinstance(rank, bool) or not isinstance(rank, (int, np.integer)) or not 0 <= rank < self.tp_size:
+            raise ValueError(f"rank must be an integer in [0, {self.tp_size}), got {rank!r}")
+        lo = int(rank) * self.vocab_shard
+        return lo, lo + self.vocab_shard
 
     # -- the step functions (what a graph captures) ----------------------------------------------
     # Every step ends closed: its last transport call (`gather`, or `close` for replicate) ends
@@ -217,10 +273,18 @@ class Engine:
     # -- capture --------------------------------------------------------------------------------
     def capture(self) -> None:
         """Capture every bucket (every capacity tier of it) into one pool, largest first; with
-        strategy "auto", time both strategies per bucket and keep the faster (`stats()`)."""
+        strategy "auto", time both strategies per bucket and keep the faster (`stats()`).
+
+        Collective: every rank calls it, once. The ranks first meet through the group's store,
+        so a capture() that some ranks never call raises `RankDivergenceError` on every rank
+        that called it within `timeout_s` (at once on one that calls it later), before any
+        collective has run; a later capture() on every rank still works."""
+        self._check_open("capture")
         if self.captured:
-            raise RuntimeError("capture() already ran")
-        start = time.perf_counter()
+            raise EngineStateError("capture() already ran")
+        self.faults.check_standing()
+        start = time.perf_counter()  # capture_s counts everything from here, the meeting too
+        self.rendezvous.meet("capture")
         self.faults.drain(self.steps - 1)  # placeholder batches are about to be staged
         auto = self.config.strategy == "auto" and self.tp_size > 1
         keys = []
@@ -252,14 +316,44 @@ class Engine:
                      unpack(self.records[:n], self.layout))
 
     # -- the step ---------------------------------------------------------------------------------
-    def step(self, idx_mapping, cu_num_logits, seq_lens, logits: torch.Tensor,
-             draft_token_ids=None, grammar_bitmask=None) -> SamplerOutput:
-        """Sample one decode step. Replicated host arrays + this rank's logits shard in batch order.
+    def step(self, idx_mapping: IntArray, cu_num_logits: IntArray, seq_lens: IntArray,
+             logits: torch.Tensor, draft_token_ids: torch.Tensor | None = None,
+             grammar_bitmask: torch.Tensor | None = None) -> SamplerOutput:
+        """Sample one decode step of n requests (n <= max_num_reqs); every rank calls it.
 
-        Returns views (batch order, first n rows) of static buffers: the next step overwrites
-        them, so read them (or enqueue their copy to the host) before issuing it.
+        Replicated arguments (host arrays, int32 preferred: NumPy, lists or CPU tensors; the
+        same values on every rank, in batch order):
+        - `idx_mapping` [n]: request j's slot (given its parameters by `add_request`).
+        - `cu_num_logits` [n + 1]: cumulative logits rows, from 0. Request j owns rows
+          cu[j] .. cu[j+1]-1 of `logits`: 1 row, or 1 + d rows when it verifies d draft tokens
+          (at most `max_num_logits_per_req`). num_logits = cu[n].
+        - `seq_lens` [n]: request j's position, >= 0; row k of request j draws its random number
+          at position seq_lens[j] + k (draws are keyed by slot seed, position and token id).
+        This rank's own arguments (on the engine's device):
+        - `logits` [num_logits, vocab_shard] in the config's `logits_dtype`: this rank's columns
+          `shard_columns()` of the padded vocabulary, rows in batch order. Writing them into
+          `inputs.logits[:num_logits]` and passing that view skips a copy.
+        - `draft_token_ids` [num_logits] int32 or None: row k's draft token, compared with what
+          row k samples (longest matching prefix accepted); a request's last row is ignored.
+        - `grammar_bitmask` [num_logits, ceil(vocab / 32)] int32 or None (ceil(vocab_size / 32)
+          words accepted too): bit t % 32 of word t // 32 allows token t on that row.
+
+        Example, 3 requests, request 1 verifying two drafts (5, 9), max_num_logits_per_req 3:
+        idx_mapping [4, 0, 7], cu_num_logits [0, 1, 4, 5], seq_lens [12, 30, 7], logits [5, V/tp]
+        (rows: req 0 | req 1 x3 | req 2), draft_token_ids [-1, 5, 9, -1, -1]. If request 1's rows
+        sample 5, 2, 8: it gets tokens [5, 2] (5 accepted, 2 the correction), num_sampled 2,
+        num_rejected 1; requests 0 and 2 get one token each.
+
+        Returns views of static buffers (batch order, the first n rows): `sampled_token_ids`
+        [n, M] (-1 past num_sampled), `num_sampled`, `num_rejected`, `num_nans` (rows with a NaN in
+        the real vocabulary; NaN samples as -inf, a row with no finite logit samples token 0),
+        and with logprobs the top-K ids and logprobs and the sampled token's logprob and rank.
+        Every rank gets the same values. The next step overwrites them: read them first
+        (`out.to_host()`: one copy, NumPy arrays) or enqueue their copy before issuing it.
+
         Every check runs before any device work or collective. Checks of the replicated inputs
-        raise identically on every rank and change nothing. The logits, drafts and bitmask
+        raise identically on every rank and change nothing (`InvalidBatchError` and its
+        subclasses). The logits, drafts and bitmask
         tensors are each rank's own: with `check_agreement` a refused one raises on every rank
         (and so does any divergence); without it, the refusing rank's peers are already inside
         the step, so that rank gives up (its engine refuses every later step) and the peers fail
@@ -267,8 +361,11 @@ class Engine:
         On CUDA two steps may be in flight: this returns once the step is queued, and only waits
         for the step before the previous one. A peer that dies or stops stepping makes this (or
         `raise_if_failed`) raise `StepFault` within `timeout_s` (2 x `timeout_s` + 1 s for a
-        CUDA step that hangs in NCCL), after which the engine refuses every step.
+        CUDA step that hangs in NCCL), after which the engine refuses every step. After
+        `close()` it raises `EngineStateError`.
         """
+        if self._closed:
+            self._check_open("step")
         faults, inputs = self.faults, self.inputs
         faults.check_standing()
         idx, cu, lens = self._check_step(idx_mapping, cu_num_logits, seq_lens, logits,
@@ -350,6 +447,11 @@ class Engine:
         if self.captured:
             self.graphs.run_eager(fn, n)
         else:
+            if self._warn_uncaptured:
+                self._warn_uncaptured = False
+                warnings.warn("graphshard: steps are running without CUDA graphs (capture() was not "
+                              "called); call engine.capture() once after building the engine",
+                              RuntimeWarning, stacklevel=3)
             self.eager_steps += 1
             fn()
 
@@ -368,8 +470,15 @@ class Engine:
         self.faults.give_up(reason)
 
     def close(self) -> None:
-        """Stop the watchdog thread (the engine's buffers go with the object)."""
+        """Stop the watchdog thread (the engine's buffers go with the object). Afterwards
+        `step`, `capture`, `add_request` and `remove_request` raise `EngineStateError`; `stats`
+        and `raise_if_failed` still answer. Closing twice is harmless."""
+        self._closed = True
         self.faults.close()
+
+    def _check_open(self, call: str) -> None:
+        if self._closed:
+            raise EngineStateError(f"{call}() on a closed engine: close() was called")
 
     def _outputs(self, n: int) -> SamplerOutput:
         """Views of the first n records of an eager step, built once per n."""

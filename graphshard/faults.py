@@ -23,13 +23,11 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
+from graphshard.errors import StepFault
+
 logger = logging.getLogger(__name__)
 
 _KEY_PREFIX = "graphshard/fault"
-
-
-class StepFault(RuntimeError):
-    """A step could not complete because of a peer (or this rank) failing; the group is broken."""
 
 
 def default_store():
@@ -58,6 +56,11 @@ class FaultReporter:
                 self._prefix = f"{_KEY_PREFIX}/{name}/{serial}"
             except Exception as e:  # noqa: BLE001 - reports are best-effort, faults still raise
                 logger.warning("fault reports disabled: store unusable (%s)", e)
+
+    @property
+    def prefix(self) -> str | None:
+        """This engine's store keys start with it (None without a usable store)."""
+        return self._prefix
 
     def report(self, message: str) -> None:
         if self._prefix is None:
@@ -216,7 +219,7 @@ class FaultGuard:
         raise StepFault(self.fault) from cause
 
     def give_up(self, reason: str) -> None:
-        self.reporter.report(f"rank {self.rank} gave up: {reason}")
+        self.reporter.report(f"gave up: {reason}")
         self.fault = f"this rank gave up: {reason}"
 
     def close(self) -> None:
@@ -234,10 +237,12 @@ def _no_fault() -> None:
 
 
 def describe(what: str, reports: dict[int, str]) -> str:
+    """A fault's message: the peers' reports first (the cause: a refused tensor, a rank that gave
+    up), then on the next line what this rank saw (a timeout, a closed connection)."""
     if not reports:
         return f"{what}; no peer reported an error (a peer may have died or stopped stepping)"
     causes = "; ".join(f"rank {r}: {m}" for r, m in sorted(reports.items()))
-    return f"{what}; peers reported: {causes}"
+    return f"{causes}\n{what}"
 
 
 class Watchdog:

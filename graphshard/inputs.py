@@ -17,7 +17,7 @@ import numpy as np
 import torch
 
 from graphshard.staging import Staging
-from graphshard.validate import InvalidBatchError
+from graphshard.errors import InvalidBatchError, InvalidTypeError
 
 
 class StepInputs:
@@ -141,12 +141,12 @@ class StepInputs:
     def _check_logits(self, logits, num_logits: int) -> None:
         vocab_shard, dtype = self.logits.shape[1], self.logits.dtype
         if not isinstance(logits, torch.Tensor):
-            raise TypeError(f"logits must be a torch.Tensor, got {type(logits).__name__}")
+            raise InvalidTypeError(f"logits must be a torch.Tensor, got {type(logits).__name__}")
         if logits.dim() != 2 or logits.shape != (num_logits, vocab_shard):
             raise InvalidBatchError(f"logits must be [{num_logits}, {vocab_shard}] (rows x this "
                                     f"rank's vocab shard), got {tuple(logits.shape)}")
         if logits.dtype != dtype:
-            raise TypeError(f"logits must be {dtype} (config logits_dtype), got {logits.dtype}")
+            raise InvalidTypeError(f"logits must be {dtype} (config logits_dtype), got {logits.dtype}")
         if logits.device != self.device:
             raise InvalidBatchError(f"logits is on {logits.device}, the engine runs on {self.device}")
         if logits.stride(-1) != 1:
@@ -166,9 +166,9 @@ def _check_not_misplaced(name: str, value: torch.Tensor, static: torch.Tensor) -
 
 def _check_int32(name: str, value, shape: tuple, device: torch.device) -> None:
     if not isinstance(value, torch.Tensor):
-        raise TypeError(f"{name} must be a torch.Tensor, got {type(value).__name__}")
+        raise InvalidTypeError(f"{name} must be a torch.Tensor, got {type(value).__name__}")
     if value.dtype != torch.int32:
-        raise TypeError(f"{name} must be int32, got {value.dtype}")
+        raise InvalidTypeError(f"{name} must be int32, got {value.dtype}")
     if tuple(value.shape) != shape:
         raise InvalidBatchError(f"{name} must have shape {list(shape)}, got {list(value.shape)}")
     if value.device != device:

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from graphshard.rng import split_seed
+from graphshard.errors import InvalidParamsError, InvalidSlotError, InvalidTypeError
 
 _F32_MAX = float(np.finfo(np.float32).max)
 # The sampler scores a row as fp32 logit / temperature. From this temperature up the scores stay
@@ -20,11 +20,11 @@ MIN_TEMPERATURE = 1e-30
 
 
 def _number(field: str, value, integer: bool):
-    """`value` as a plain int or float, or TypeError naming the field (bools are refused: a
+    """`value` as a plain int or float, or InvalidTypeError naming the field (bools are refused: a
     flag passed by mistake would otherwise read as 0 or 1)."""
     kind = numbers.Integral if integer else numbers.Real
     if isinstance(value, (bool, np.bool_)) or not isinstance(value, kind):
-        raise TypeError(f"SamplingParams.{field} = {value!r}: must be "
+        raise InvalidTypeError(f"SamplingParams.{field} = {value!r}: must be "
                         f"{'an integer' if integer else 'a real number'}, got {type(value).__name__}")
     if integer:
         return int(value)
@@ -33,7 +33,7 @@ def _number(field: str, value, integer: bool):
     except OverflowError:  # an int beyond the float range
         out = math.inf
     if not math.isfinite(out):
-        raise ValueError(f"SamplingParams.{field} = {value!r}: must be finite")
+        raise InvalidParamsError(f"SamplingParams.{field} = {value!r}: must be finite")
     return out
 
 
@@ -55,7 +55,7 @@ class SamplingParams:
 
     def __post_init__(self):
         def bad(field, why):
-            raise ValueError(f"SamplingParams.{field} = {getattr(self, field)!r}: {why}")
+            raise InvalidParamsError(f"SamplingParams.{field} = {getattr(self, field)!r}: {why}")
         for field, integer in (("temperature", False), ("top_k", True), ("top_p", False),
                                ("min_p", False), ("seed", True), ("num_logprobs", True)):
             object.__setattr__(self, field, _number(field, getattr(self, field), integer))
@@ -102,16 +102,20 @@ class SlotTables:
         """Write a slot's parameters in one copy (validated by SamplingParams, so no write can
         fail halfway)."""
         if isinstance(slot, bool) or not isinstance(slot, (int, np.integer)):
-            raise TypeError(f"slot must be an integer, got {type(slot).__name__} ({slot!r})")
+            raise InvalidTypeError(f"slot must be an integer, got {type(slot).__name__} ({slot!r})")
         if not (0 <= slot < self.max_num_slots):
-            raise ValueError(f"slot {slot!r} out of range [0, {self.max_num_slots})")
+            raise InvalidSlotError(f"slot {slot!r} out of range [0, {self.max_num_slots})")
         if not isinstance(params, SamplingParams):
-            raise TypeError(f"params must be SamplingParams, got {type(params).__name__}")
+            raise InvalidTypeError(f"params must be SamplingParams, got {type(params).__name__}")
         self.packed[slot] = torch.from_numpy(pack_params(params))
 
 
 def pack_params(params: SamplingParams) -> np.ndarray:
     """One slot-table row [SLOT_WIDTH] int32 for `params`."""
+    # Imported here: graphshard.rng holds Triton device functions, and SamplingParams is part of
+    # the light top-level API (see graphshard/__init__.py).
+    from graphshard.rng import split_seed
+
     row = np.zeros(SLOT_WIDTH, dtype=np.int32)
     values = dict(temperature=params.temperature, top_k=params.top_k, top_p=params.top_p,
                   min_p=params.min_p, num_logprobs=params.num_logprobs)

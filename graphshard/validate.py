@@ -12,13 +12,10 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from graphshard.errors import BatchTooLargeError, InvalidBatchError, InvalidTypeError
 
-class InvalidBatchError(ValueError):
-    """The replicated inputs of a step break the contract of DESIGN section 1."""
-
-
-class BatchTooLargeError(InvalidBatchError):
-    """The batch exceeds the largest captured bucket and the eager fallback is off."""
+__all__ = ["BatchChecker", "BatchLimits", "BatchTooLargeError", "InvalidBatchError", "owner_counts",
+           "to_host_int32", "validate_batch"]
 
 
 @dataclass(frozen=True)
@@ -39,7 +36,7 @@ def to_host_int32(name: str, value) -> np.ndarray:
         # Refused before .numpy(), which fails with torch's own errors on bfloat16 and on
         # tensors that require grad.
         if value.dtype.is_floating_point or value.dtype.is_complex or value.dtype == torch.bool:
-            raise InvalidBatchError(f"{name} must hold integers, got dtype {value.dtype}")
+            raise InvalidTypeError(f"{name} must hold integers, got dtype {value.dtype}")
         try:
             value = value.numpy()
         except (TypeError, RuntimeError) as e:
@@ -57,7 +54,7 @@ def to_host_int32(name: str, value) -> np.ndarray:
         # NumPy only falls back to object for Python ints beyond 64 bits.
         raise InvalidBatchError(f"{name} has values outside int32")
     if arr.size and not np.issubdtype(arr.dtype, np.integer):
-        raise InvalidBatchError(f"{name} must hold integers, got dtype {arr.dtype}")
+        raise InvalidTypeError(f"{name} must hold integers, got dtype {arr.dtype}")
     if arr.size and (arr.min() < np.iinfo(np.int32).min or arr.max() > np.iinfo(np.int32).max):
         raise InvalidBatchError(f"{name} has values outside int32")
     return arr.astype(np.int32, copy=False)

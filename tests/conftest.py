@@ -1,9 +1,3 @@
-import os
-
-# Triton kernels run under the interpreter on machines without a GPU; the variable must be set
-# before triton is imported, and child processes inherit it.
-if "TRITON_INTERPRET" not in os.environ:
-    import torch
-
-    if not torch.cuda.is_available():
-        os.environ["TRITON_INTERPRET"] = "1"
+# Importing graphshard sets TRITON_INTERPRET=1 on machines without CUDA (before any kernel module
+# loads; see graphshard/__init__.py), and child processes inherit it.
+import graphshard  # noqa: F401

@@ -21,6 +21,7 @@ from graphshard.distributed import spawn
 from graphshard.engine import Engine
 from graphshard.oracle import compare, sample_unsharded
 from graphshard.params import MIN_TEMPERATURE, SamplingParams, SlotTables
+from graphshard.errors import InvalidParamsError, InvalidSlotError, InvalidTypeError
 from graphshard.validate import BatchLimits, BatchTooLargeError, InvalidBatchError, validate_batch
 
 # Buckets stop at 4 below max_num_reqs 6 with fallback "error": batches of 5 or 6 pass the
@@ -178,21 +179,25 @@ def array_wrong_type(b, r):
     how = r.choice(["float", "bool", "str", "bf16", "grad", "2d", "0d", "none", "ragged", "int64",
                     "bigint", "meta"])
     big = r.choice([2**31, -2**31 - 1, 2**40, 2**63 - 1])
-    value, message = {
-        "float": (a.astype(np.float64), "must hold integers, got dtype float64"),
-        "bool": (a > 0, "must hold integers, got dtype bool"),
-        "str": (a.astype(str), "must hold integers, got dtype <U"),
-        "bf16": (torch.from_numpy(a).bfloat16(), "must hold integers, got dtype torch.bfloat16"),
-        "grad": (torch.from_numpy(a).float().requires_grad_(), "must hold integers, got dtype torch.float"),
-        "2d": (a[:, None], r"must be 1-D .*got ndarray of shape \(\d+, 1\)"),
-        "0d": (np.int32(a[0]), r"must be 1-D .*shape \(\)"),
-        "none": (None, r"must be 1-D .*got NoneType"),
-        "ragged": (a.tolist() + [[1]], "must be a 1-D integer array, got list"),
-        "int64": (np.append(a[:-1], big).astype(np.int64), "has values outside int32"),
-        "bigint": (a.tolist()[:-1] + [2**70], "has values outside int32"),
-        "meta": (torch.from_numpy(a).to("meta"), "must be a host array .* got a tensor on meta"),
+    # Wrong dtypes raise InvalidTypeError (an InvalidBatchError and a TypeError); the rest the base.
+    value, exc, message = {
+        "float": (a.astype(np.float64), InvalidTypeError, "must hold integers, got dtype float64"),
+        "bool": (a > 0, InvalidTypeError, "must hold integers, got dtype bool"),
+        "str": (a.astype(str), InvalidTypeError, "must hold integers, got dtype <U"),
+        "bf16": (torch.from_numpy(a).bfloat16(), InvalidTypeError,
+                 "must hold integers, got dtype torch.bfloat16"),
+        "grad": (torch.from_numpy(a).float().requires_grad_(), InvalidTypeError,
+                 "must hold integers, got dtype torch.float"),
+        "2d": (a[:, None], InvalidBatchError, r"must be 1-D .*got ndarray of shape \(\d+, 1\)"),
+        "0d": (np.int32(a[0]), InvalidBatchError, r"must be 1-D .*shape \(\)"),
+        "none": (None, InvalidBatchError, r"must be 1-D .*got NoneType"),
+        "ragged": (a.tolist() + [[1]], InvalidBatchError, "must be a 1-D integer array, got list"),
+        "int64": (np.append(a[:-1], big).astype(np.int64), InvalidBatchError, "has values outside int32"),
+        "bigint": (a.tolist()[:-1] + [2**70], InvalidBatchError, "has values outside int32"),
+        "meta": (torch.from_numpy(a).to("meta"), InvalidBatchError,
+                 "must be a host array .* got a tensor on meta"),
     }[how]
-    return replace(b, **{which: value}), InvalidBatchError, f"^{name} {message}"
+    return replace(b, **{which: value}), exc, f"^{name} {message}"
 
 
 def logits_wrong(b, r):
@@ -204,12 +209,12 @@ def logits_wrong(b, r):
         "cols": (lambda s: s[:, 1:], InvalidBatchError, rf"logits must be \[{rows}, "),
         "1d": (lambda s: s.flatten(), InvalidBatchError, rf"logits must be \[{rows}, "),
         "3d": (lambda s: s[None], InvalidBatchError, rf"logits must be \[{rows}, "),
-        "f64": (lambda s: s.double(), TypeError, "logits must be torch.float32 .*got torch.float64"),
-        "bf16": (lambda s: s.bfloat16(), TypeError, "logits must be torch.float32 .*got torch.bfloat16"),
-        "int": (lambda s: s.int(), TypeError, "logits must be torch.float32 .*got torch.int32"),
+        "f64": (lambda s: s.double(), InvalidTypeError, "logits must be torch.float32 .*got torch.float64"),
+        "bf16": (lambda s: s.bfloat16(), InvalidTypeError, "logits must be torch.float32 .*got torch.bfloat16"),
+        "int": (lambda s: s.int(), InvalidTypeError, "logits must be torch.float32 .*got torch.int32"),
         "meta": (lambda s: s.to("meta"), InvalidBatchError, "logits is on meta, the engine runs on cpu"),
         "strided": (lambda s: s.repeat_interleave(2, dim=1)[:, ::2], InvalidBatchError, "contiguous"),
-        "numpy": (lambda s: s.numpy(), TypeError, "logits must be a torch.Tensor, got ndarray"),
+        "numpy": (lambda s: s.numpy(), InvalidTypeError, "logits must be a torch.Tensor, got ndarray"),
     }[how]
     return replace(b, tweak=tweak), exc, message
 
@@ -222,14 +227,14 @@ def side_input_wrong(b, r):
     arg = "draft_token_ids" if name == "drafts" else "grammar_bitmask"
     how = r.choice(["int64", "uint32", "shape", "meta", "numpy"] + (["width"] if name == "bitmask" else []))
     value, exc, message = {
-        "int64": (good.long(), TypeError, f"{arg} must be int32, got torch.int64"),
-        "uint32": (good.to(torch.uint32), TypeError, f"{arg} must be int32, got torch.uint32"),
+        "int64": (good.long(), InvalidTypeError, f"{arg} must be int32, got torch.int64"),
+        "uint32": (good.to(torch.uint32), InvalidTypeError, f"{arg} must be int32, got torch.uint32"),
         "shape": (good[:-1] if rows > 1 else good[None], InvalidBatchError,
                   rf"{arg} must have shape \[{rows}"),
         "width": (torch.zeros(rows, words + r.randint(1, 3), dtype=torch.int32), InvalidBatchError,
                   rf"{arg} must have shape \[{rows}, {words}\]"),
         "meta": (good.to("meta"), InvalidBatchError, f"{arg} is on meta"),
-        "numpy": (good.numpy(), TypeError, f"{arg} must be a torch.Tensor, got ndarray"),
+        "numpy": (good.numpy(), InvalidTypeError, f"{arg} must be a torch.Tensor, got ndarray"),
     }[how]
     return replace(b, **{name: value}), exc, message
 
@@ -410,11 +415,11 @@ def test_non_finite_or_out_of_range_params_are_refused(field, value):
 def test_add_request_refuses_bad_slots_and_params(engine_and_tables, slot, params):
     engine, _ = engine_and_tables
     before = snapshot(engine)
-    with pytest.raises((TypeError, ValueError), match="slot|params must be SamplingParams"):
+    with pytest.raises((InvalidSlotError, InvalidTypeError), match="slot|params must be SamplingParams"):
         engine.add_request(slot, params)
-    with pytest.raises(ValueError, match="holds no request"):
+    with pytest.raises(InvalidSlotError, match="holds no request"):
         engine.remove_request(slot)
-    with pytest.raises(ValueError, match="exceeds the config's num_logprobs"):
+    with pytest.raises(InvalidParamsError, match="exceeds the config's num_logprobs"):
         engine.add_request(0, SamplingParams(num_logprobs=CFG.num_logprobs + 1))
     assert not changed_since(before, engine)
 

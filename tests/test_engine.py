@@ -22,9 +22,11 @@ def _decode_loop(rank, world, cfg, steps, seed):
     return run_rank(rank, world, cfg, DemoSettings(steps=steps, seed=seed))
 
 
-# Seeds whose (deterministic) workload visits every bucket and goes above the largest one.
-@pytest.mark.parametrize("tp, steps, strategy, seed", [(2, 120, "shard", 9), (3, 60, "shard", 4),
-                                                       (2, 40, "replicate", 9)])
+# Seeds whose (deterministic) workload visits every bucket and goes above the largest one, in
+# few steps: each filtered or logprob row costs seconds under the interpreter (about 300 rows
+# each here).
+@pytest.mark.parametrize("tp, steps, strategy, seed", [(2, 40, "shard", 4), (3, 40, "shard", 31),
+                                                       (2, 40, "replicate", 4)])
 def test_sharded_steps_equal_the_oracle(tp, steps, strategy, seed):
     """Slot churn, mixed parameters, drafts, grammar rows, batches across and above the buckets."""
     cfg = SMALL.replace(strategy=strategy)
