@@ -92,7 +92,7 @@ def run_shape(vocab: int, dtype: torch.dtype, modes, batches, iters: int, device
     for mode in modes:
         params = MODES[mode]
         for slot in range(max_batch):
-            engine.add_request(slot, params)
+            engine.add_request(slot, params, replace=True)
         for batch in batches:
             idx = np.arange(batch, dtype=np.int32)
             cu = np.arange(batch + 1, dtype=np.int32)

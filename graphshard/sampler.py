@@ -80,6 +80,10 @@ from graphshard.sampler_workspace import (CHUNK_TOP, MAX_LOGPROBS, P_ARG_X, P_AR
 __all__ = ["SamplerWorkspace", "sample"]
 
 LOGITS_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
+# Launch option of both kernels: no fused multiply-add. A score `x * inv_temp` must round the
+# same wherever it is computed (the scan, the pool, the reference): fused into `x * inv_temp -
+# max` it keeps the product's rounding error, which at a temperature of 1e-30 is ~1e24.
+NO_FMA = dict(enable_fp_fusion=False)
 MAX_BLOCK_SIZE = 2048
 # Tile of the split scan: 1024 columns over 8 warps keep its per-lane state in ~74 registers
 # (three programs per SM); 2048 needed ~150.
@@ -288,6 +292,8 @@ def _finish_kernel(
         row = first_row + r
         part, fill, pool_x, pool_id, stats, top = workspace_row(ws_ptr, row_id, rows, SPLITS, CAP)
         n_pool = tl.load(fill, cache_modifier=".cg")
+        # Every thread reads the count before any resets it (each thread loads it itself).
+        tl.debug_barrier()
         tl.store(fill, 0)  # the next launch captures into an empty pool
         mask_row_ptr, mask_on = _bitmask_row(bitmask_ptr, bitmask_stride, bitmask_rows_ptr,
                                              bitmask_on_ptr, row, HAS_BITMASK, HAS_BITMASK_FLAG)
@@ -515,11 +521,12 @@ def sample(logits: torch.Tensor, *, vocab_size: int, num_reqs: torch.Tensor,
     launch(_scan_kernel, (max_num_reqs * m, splits), *common,
            VOCAB=vocab_size, M=m, K=k, CHUNK=chunk, SPLITS=splits, CAP=cap,
            LANES=lanes, TOP=top, BLOCK=chunk_block, **flags, FLOOR_PASSES=FLOOR_PASSES,
-           RADIX_BITS=RADIX_BITS, num_warps=8 if chunk_block >= 1024 else 4)
+           RADIX_BITS=RADIX_BITS, num_warps=8 if chunk_block >= 1024 else 4,
+           **NO_FMA)
     launch(_finish_kernel, (max_num_reqs * m,), *common,
            draft_tokens if draft_tokens is not None else dummy,
            VOCAB=vocab_size, M=m, M_P=triton.next_power_of_2(m), K=k, K_P=k_p, SPLITS=splits,
            SPLITS_P=max(triton.next_power_of_2(splits), 2), CAP=cap, TILE=tile,
            TOP=top, HAS_DRAFTS=draft_tokens is not None, **flags, BLOCK=chunk_block,
            SMALL_BLOCK=min(block, SMALL_BLOCK_SIZE), RADIX_BITS=RADIX_BITS,
-           num_warps=8 if chunk_block >= 1024 else 4)
+           num_warps=8 if chunk_block >= 1024 else 4, **NO_FMA)

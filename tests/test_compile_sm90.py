@@ -33,7 +33,7 @@ def _ptxas() -> Path | None:
     return path if path.exists() else None
 
 
-def _compile(kernel, args: dict, consts: dict, num_warps: int, tmp: str) -> dict:
+def _compile(kernel, args: dict, consts: dict, num_warps: int, tmp: str, **options) -> dict:
     import triton
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
@@ -41,7 +41,7 @@ def _compile(kernel, args: dict, consts: dict, num_warps: int, tmp: str) -> dict
     names = inspect.signature(kernel.fn).parameters
     sig = {n: ("constexpr" if n in consts else args[n]) for n in names}
     ck = triton.compile(ASTSource(fn=kernel, signature=sig, constexprs=consts),
-                        target=GPUTarget("cuda", 90, 32), options=dict(num_warps=num_warps))
+                        target=GPUTarget("cuda", 90, 32), options=dict(num_warps=num_warps, **options))
     ptx = Path(tmp) / f"{kernel.fn.__name__}.ptx"
     ptx.write_text(ck.asm["ptx"])
     out = subprocess.run([str(_ptxas()), "-arch=sm_90a", "-v", str(ptx), "-o", str(ptx) + ".o"],
@@ -78,14 +78,14 @@ def report() -> list[dict]:
                 sampler._scan_kernel, common,
                 dict(shared, CHUNK=CHUNK_SIZE, LANES=1024, BLOCK=sampler.SCAN_BLOCK_SIZE,
                      FLOOR_PASSES=sampler.FLOOR_PASSES, RADIX_BITS=sampler.RADIX_BITS),
-                8, tmp)))
+                8, tmp, **sampler.NO_FMA)))
             k_p = max(triton.next_power_of_2(k), 2)
             rows.append(dict(tag, **_compile(
                 sampler._finish_kernel, common,
                 dict(shared, M_P=triton.next_power_of_2(m), K_P=k_p,
                      SPLITS_P=triton.next_power_of_2(splits), TILE=sampler.POOL_TILE,
                      HAS_DRAFTS=m > 1, BLOCK=sampler.SCAN_BLOCK_SIZE, SMALL_BLOCK=512,
-                     RADIX_BITS=sampler.RADIX_BITS), 8, tmp)))
+                     RADIX_BITS=sampler.RADIX_BITS), 8, tmp, **sampler.NO_FMA)))
         plan_args = {n: "*i32" for n in inspect.signature(_plan_kernel.fn).parameters}
         plan_args.update(max_num_reqs="i32", max_num_rows="i32", gather_stride="i32")
         rows.append(_compile(_plan_kernel, plan_args,
@@ -96,7 +96,8 @@ def report() -> list[dict]:
 
 @pytest.mark.skipif(_ptxas() is None, reason="this Triton build ships no NVIDIA ptxas")
 def test_kernels_compile_for_sm90_and_the_scan_does_not_spill():
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    # Compiled, not interpreted: an explicit 0 also keeps graphshard from choosing the interpreter.
+    env = dict(os.environ, TRITON_INTERPRET="0")
     env["TRITON_CACHE_DIR"] = tempfile.mkdtemp(prefix="graphshard-sm90-")
     done = subprocess.run([sys.executable, "-m", "tests.test_compile_sm90", "--json"], cwd=ROOT,
                           env=env, capture_output=True, text=True, timeout=600)

@@ -1,0 +1,111 @@
+"""GPU time per kernel: the sampler's two launches per mode and batch, and every kernel of a
+captured tp = 1 engine step (CUPTI through torch.profiler; no hardware counters needed).
+
+Usage: python3 -m benchmarks.profile_kernels [--vocab 152064] [--dtype float32]
+       [--modes greedy,top_k_top_p,...] [--batches 1,32,256,1024] [--out kernels.json]
+Prints one line per (what, batch, kernel): mean µs per call over the profiled calls.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from collections import defaultdict
+
+import numpy as np
+import torch
+from torch.profiler import ProfilerActivity, profile
+
+from benchmarks.sampling_modes import MAX_LOGPROBS, MODES, make_logits
+from graphshard.config import Config
+from graphshard.engine import Engine
+from graphshard.params import SlotTables
+from graphshard.records import RecordLayout
+from graphshard.sampler import SamplerWorkspace, sample
+
+CALLS = 20
+
+
+def kernel_us(fn, calls: int = CALLS) -> dict[str, float]:
+    """Mean device µs per call of each kernel `fn` launches (after two warm-up calls)."""
+    for _ in range(2):
+        fn()
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(calls):
+            fn()
+        torch.cuda.synchronize()
+    total = defaultdict(float)
+    for event in prof.events():
+        if event.device_type == torch.autograd.DeviceType.CUDA:
+            total[event.name] += event.device_time
+    return {name: t / calls for name, t in sorted(total.items(), key=lambda kv: -kv[1])}
+
+
+def sampler_kernels(logits, vocab, params, k, device) -> dict[str, float]:
+    batch = logits.shape[0]
+    layout = RecordLayout(1, k)
+    tables = SlotTables(batch, device)
+    for slot in range(batch):
+        tables.set(slot, params)
+    records = torch.zeros(batch, layout.width, dtype=torch.int32, device=device)
+    i32 = dict(dtype=torch.int32, device=device)
+    idx, cu = torch.arange(batch, **i32), torch.arange(batch + 1, **i32)
+    n, lens = torch.tensor([batch], **i32), torch.full((batch,), 100, **i32)
+    ws = SamplerWorkspace.allocate(batch, 1, vocab, device)
+    return kernel_us(lambda: sample(logits, vocab_size=vocab, num_reqs=n, req_slots=idx,
+                                    cu_num_logits=cu, seq_lens=lens, tables=tables, layout=layout,
+                                    records=records, max_num_reqs=batch, workspace=ws))
+
+
+def step_kernels(vocab, dtype, batches, device) -> list[dict]:
+    """Every kernel of a captured greedy tp = 1 step (no logprobs in the config)."""
+    cfg = Config(vocab_size=vocab, max_num_reqs=max(batches), max_num_slots=max(batches),
+                 logits_dtype=str(dtype).removeprefix("torch."), buckets=tuple(batches),
+                 graph_backend="cuda", num_logprobs=0)
+    engine = Engine(cfg, device=device)
+    for slot in range(max(batches)):
+        engine.add_request(slot, MODES["greedy"])
+    engine.capture()
+    engine.inputs.logits[:max(batches)].copy_(make_logits(max(batches), engine.vocab, dtype,
+                                                          device))
+    rows = []
+    for batch in batches:
+        idx, cu = np.arange(batch, dtype=np.int32), np.arange(batch + 1, dtype=np.int32)
+        lens = np.full(batch, 100, np.int32)
+        view = engine.inputs.logits[:batch]
+        for name, us in kernel_us(lambda: engine.step(idx, cu, lens, view)).items():
+            rows.append(dict(what="tp1_step_greedy", batch=batch, kernel=name, us=us))
+    engine.close()
+    return rows
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--vocab", type=int, default=152064)
+    parser.add_argument("--dtype", default="float32")
+    parser.add_argument("--modes", default="greedy,top_k,top_p,top_k_top_p,min_p,logprobs_20")
+    parser.add_argument("--batches", default="1,32,256,1024")
+    parser.add_argument("--out", default=None)
+    args = parser.parse_args(argv)
+    device = torch.device("cuda")
+    dtype = getattr(torch, args.dtype)
+    batches = [int(b) for b in args.batches.split(",")]
+    logits = make_logits(max(batches), args.vocab, dtype, device)
+    rows = []
+    for mode in args.modes.split(","):
+        for batch in batches:
+            k = MAX_LOGPROBS if MODES[mode].num_logprobs else 0
+            for name, us in sampler_kernels(logits[:batch], args.vocab, MODES[mode], k,
+                                            device).items():
+                rows.append(dict(what=f"sampler_{mode}", batch=batch, kernel=name, us=us))
+    rows += step_kernels(args.vocab, dtype, batches, device)
+    for r in rows:
+        print(f"{r['what']:>24s} b={r['batch']:<5d} {r['us']:9.1f} us  {r['kernel'][:60]}")
+    if args.out:
+        with open(args.out, "w") as f:
+            json.dump(rows, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()
