@@ -17,7 +17,7 @@ import triton.language as tl
 
 from graphshard.launch import check_int32_vector, launch
 from graphshard.plan_layout import PlanBuffers
-from graphshard.staging import Staging, fetch_block
+from graphshard.staging import Staging, fetch_row
 
 _MAX_FETCH_BLOCK = 4096
 
@@ -153,10 +153,10 @@ def _plan_kernel(
         TP_SIZE, TP_RANK, PADDED_NUM_REQS, PADDED_NUM_LOGITS_PER_REQ, HAS_DRAFTS)
 
 
-@triton.jit(do_not_specialize=["width", "row_words64", "max_num_reqs", "max_num_rows",
-                               "gather_stride"])
+@triton.jit(do_not_specialize=["staged_max_reqs", "row_words64", "max_num_reqs",
+                               "max_num_rows", "gather_stride"])
 def _fetch_plan_kernel(
-    addresses_ptr, meta_ptr, last_ptr, width, row_words64,  # graphshard.staging.fetch_args
+    addresses_ptr, meta_ptr, last_ptr, staged_max_reqs, row_words64,  # Staging.fetch_args
     idx_mapping_ptr, cu_num_logits_ptr, seq_lens_ptr, num_reqs_in_ptr,  # views of meta
     draft_tokens_ptr,
     num_reqs_ptr, owner_num_reqs_ptr, owner_num_rows_ptr, owner_req_offsets_ptr,
@@ -168,11 +168,8 @@ def _fetch_plan_kernel(
     PADDED_NUM_LOGITS_PER_REQ: tl.constexpr, HAS_DRAFTS: tl.constexpr,
     FETCH_BLOCK: tl.constexpr,
 ):
-    start = 0
-    while start < width:  # one pass up to ~1,360 requests
-        fetch_block(addresses_ptr, meta_ptr, last_ptr, start + tl.arange(0, FETCH_BLOCK), width,
-                    row_words64)
-        start += FETCH_BLOCK
+    fetch_row(addresses_ptr, meta_ptr, last_ptr, staged_max_reqs, row_words64, 0, FETCH_BLOCK,
+              FETCH_BLOCK)
     # The plan reads meta words other threads of this program just stored: a block-wide
     # barrier orders those global stores before its loads.
     tl.debug_barrier()
@@ -257,6 +254,6 @@ def fetch_and_plan(staging: Staging, out: PlanBuffers, *, tp_rank: int, gather_s
     args, constexprs = _plan_launch_args(out, **options)
     fetch = staging.fetch_args()
     launch(_fetch_plan_kernel, (1,), *fetch, idx_mapping, cu_num_logits, seq_lens, num_reqs,
-           *args, FETCH_BLOCK=min(_MAX_FETCH_BLOCK, triton.next_power_of_2(fetch[3])),
+           *args, FETCH_BLOCK=min(_MAX_FETCH_BLOCK, triton.next_power_of_2(3 * fetch[3] + 1)),
            **constexprs)
     return out
