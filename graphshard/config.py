@@ -117,10 +117,6 @@ class Config:
     def max_bucket(self) -> int:
         return self.buckets[-1]
 
-    @property
-    def max_num_logits(self) -> int:
-        return self.max_num_reqs * self.max_num_logits_per_req
-
     def padded_vocab_size(self, tp_size: int) -> int:
         """The vocabulary the LM head emits: a multiple of `vocab_pad_multiple * tp_size`."""
         unit = self.vocab_pad_multiple * tp_size
