@@ -12,7 +12,7 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-SHARD, REPLICATE = "shard", "replicate"
+from graphshard.config import REPLICATE, SHARD  # noqa: F401 - the strategy names, re-exported
 
 
 def _sync(device: torch.device) -> None:
