@@ -12,7 +12,7 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-from graphshard.config import REPLICATE, SHARD  # noqa: F401 - the strategy names, re-exported
+from graphshard.config import REPLICATE, SHARD  # the strategy names, listed in config.py
 
 
 def _sync(device: torch.device) -> None:
