@@ -9,10 +9,13 @@ from pathlib import Path
 
 from graphshard.errors import ConfigError
 
+# The allowed values of the config's choice fields, listed once: the modules that build from a
+# field (graph backends, strategies, the bucket manager) import them from here.
 LOGITS_DTYPES = ("float32", "bfloat16", "float16")
 TRANSPORTS = ("p2p", "nccl", "gloo", "auto")
 GRAPH_BACKENDS = ("cuda", "emulated", "auto")
-STRATEGIES = ("shard", "replicate", "auto")
+SHARD, REPLICATE = "shard", "replicate"
+STRATEGIES = (SHARD, REPLICATE, "auto")
 FALLBACKS = ("eager", "error")
 
 
@@ -26,6 +29,19 @@ def default_buckets(max_bucket: int) -> tuple[int, ...]:
     sizes += range(512, max_bucket + 1, 32)
     out = sorted({s for s in sizes if s <= max_bucket} | {max_bucket})
     return tuple(out)
+
+
+def bucket_problem(buckets: tuple) -> str | None:
+    """What is wrong with a tuple of capture batch sizes, or None: the one bucket rule, applied by
+    `Config` and by `graphshard.graphs.GraphManager`."""
+    if not buckets:
+        return "must hold at least one batch size"
+    for b in buckets:
+        if isinstance(b, bool) or not isinstance(b, int) or b < 1:
+            return f"entry {b!r} is not a positive integer"
+    if list(buckets) != sorted(set(buckets)):
+        return "must be strictly increasing"
+    return None
 
 
 def _fail(field: str, value, why: str):
@@ -101,13 +117,9 @@ class Config:
         if isinstance(buckets, (str, bytes)) or not hasattr(buckets, "__iter__"):
             _fail("buckets", buckets, "must be a list of batch sizes")
         buckets = tuple(buckets)
-        if not buckets:
-            _fail("buckets", buckets, "must hold at least one batch size")
-        for b in buckets:
-            if isinstance(b, bool) or not isinstance(b, int) or b < 1:
-                _fail("buckets", buckets, f"entry {b!r} is not a positive integer")
-        if list(buckets) != sorted(set(buckets)):
-            _fail("buckets", buckets, "must be strictly increasing")
+        problem = bucket_problem(buckets)
+        if problem is not None:
+            _fail("buckets", buckets, problem)
         if buckets[-1] > self.max_num_reqs:
             _fail("buckets", buckets,
                   f"largest bucket {buckets[-1]} exceeds max_num_reqs ({self.max_num_reqs})")
@@ -116,10 +128,6 @@ class Config:
     @property
     def max_bucket(self) -> int:
         return self.buckets[-1]
-
-    @property
-    def max_num_logits(self) -> int:
-        return self.max_num_reqs * self.max_num_logits_per_req
 
     def padded_vocab_size(self, tp_size: int) -> int:
         """The vocabulary the LM head emits: a multiple of `vocab_pad_multiple * tp_size`."""

@@ -1,6 +1,6 @@
 """The engine: what a decode loop holds. Static buffers, per-slot state, capture and `step()`.
 
-A step on rank r (DESIGN section 1): plan -> exchange logits to their owners -> sample the owned
+A step on rank r (docs/design.md, "The parts of a step"): plan -> exchange logits to their owners -> sample the owned
 rows -> gather the per-request records to every rank in batch order. With `capture()` every
 bucket runs as one graph replay; batches above the largest bucket run the same code eagerly.
 """

@@ -128,8 +128,8 @@ class StepInputs:
                 _check_int32("draft_token_ids", drafts, (num_logits,), self.device)
                 _check_not_misplaced("draft_token_ids", drafts, self.draft_token_ids)
             if bitmask is not None:
-                # DESIGN sizes it by the padded vocabulary; a width covering the real one is
-                # accepted too.
+                # Sized by the padded vocabulary (docs/design.md, "What a step computes"); a
+                # width covering the real one is accepted too.
                 width = bitmask.shape[-1] if isinstance(bitmask, torch.Tensor) and bitmask.dim() == 2 else -1
                 width = width if width in self.bitmask_widths else self.bitmask_widths[0]
                 _check_int32("grammar_bitmask", bitmask, (num_logits, width), self.device)

@@ -126,34 +126,21 @@ class HostOutput:
 
 def unpack(records: torch.Tensor, layout: RecordLayout) -> SamplerOutput:
     """Split `records` [n, width] int32 into named views (float fields reinterpreted, not converted)."""
-    if records.dtype != torch.int32 or records.dim() != 2 or records.shape[1] != layout.width:
-        raise ValueError(
-            f"records must be int32 [n, {layout.width}], got {records.dtype} {tuple(records.shape)}")
-    m, k = layout.max_num_logits_per_req, layout.num_logprobs
-    n = records.shape[0]
-    out = dict(
-        records=records,
-        sampled_token_ids=records[:, :m],
-        num_sampled=records[:, layout.num_sampled],
-        num_rejected=records[:, layout.num_rejected],
-        num_nans=records[:, layout.num_nans],
-        topk_ids=None, topk_logprobs=None, sampled_logprob=None, sampled_rank=None,
-    )
-    if k > 0:
-        as_float = records.view(torch.float32)
-        out["topk_ids"] = records[:, layout.topk_ids:layout.topk_logprobs].view(n, m, k)
-        out["topk_logprobs"] = as_float[:, layout.topk_logprobs:layout.sampled_logprob].view(n, m, k)
-        out["sampled_logprob"] = as_float[:, layout.sampled_logprob:layout.sampled_rank]
-        out["sampled_rank"] = records[:, layout.sampled_rank:layout.width]
-    return SamplerOutput(**out)
+    return SamplerOutput(**_split(records, layout, torch.int32, torch.float32))
 
 
 def unpack_host(records: np.ndarray, layout: RecordLayout) -> HostOutput:
     """Split a host copy of records [n, width] int32 (a NumPy array) into named views; the same
     split as `unpack`. For a loop that copies `out.records` into its own pinned buffer."""
-    if records.dtype != np.int32 or records.ndim != 2 or records.shape[1] != layout.width:
+    return HostOutput(**_split(records, layout, np.int32, np.float32))
+
+
+def _split(records, layout: RecordLayout, int32, float32) -> dict:
+    """The fields of `records` (a torch tensor or a NumPy array, dtypes `int32`/`float32` of its
+    library) as views: every one a slice or a reshape of a slice, nothing copied."""
+    if records.dtype != int32 or records.ndim != 2 or records.shape[1] != layout.width:
         raise ValueError(
-            f"records must be int32 [n, {layout.width}], got {records.dtype} {records.shape}")
+            f"records must be int32 [n, {layout.width}], got {records.dtype} {tuple(records.shape)}")
     m, k = layout.max_num_logits_per_req, layout.num_logprobs
     n = records.shape[0]
     out = dict(records=records, sampled_token_ids=records[:, :m],
@@ -161,9 +148,9 @@ def unpack_host(records: np.ndarray, layout: RecordLayout) -> HostOutput:
                num_nans=records[:, layout.num_nans],
                topk_ids=None, topk_logprobs=None, sampled_logprob=None, sampled_rank=None)
     if k > 0:
-        as_float = records.view(np.float32)
+        as_float = records.view(float32)
         out["topk_ids"] = records[:, layout.topk_ids:layout.topk_logprobs].reshape(n, m, k)
         out["topk_logprobs"] = as_float[:, layout.topk_logprobs:layout.sampled_logprob].reshape(n, m, k)
         out["sampled_logprob"] = as_float[:, layout.sampled_logprob:layout.sampled_rank]
         out["sampled_rank"] = records[:, layout.sampled_rank:layout.width]
-    return HostOutput(**out)
+    return out

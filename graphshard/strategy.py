@@ -12,7 +12,7 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-SHARD, REPLICATE = "shard", "replicate"
+from graphshard.config import REPLICATE, SHARD  # the strategy names, listed in config.py
 
 
 def _sync(device: torch.device) -> None:

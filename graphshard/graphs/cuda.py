@@ -38,7 +38,6 @@ class CudaGraphBackend:
         # Everything a graph reads or writes must outlive it: keep it all on this object.
         self._static: dict[str, torch.Tensor] = {}
         self._graphs: dict[Any, torch.cuda.CUDAGraph] = {}
-        self._fns: dict[Any, Callable[[], Any]] = {}
         self._outputs: dict[Any, Any] = {}
         self._graph_bytes = 0
 
@@ -87,7 +86,6 @@ class CudaGraphBackend:
             torch.cuda.synchronize(self.device)
             self._graph_bytes += max(0, torch.cuda.memory_reserved(self.device) - before)
         self._graphs[key] = graph
-        self._fns[key] = fn
         self._outputs[key] = out
         return out
 
@@ -106,6 +104,3 @@ class CudaGraphBackend:
     def memory_bytes(self) -> int | None:
         """Device memory the shared pool grew by while capturing (reserved-bytes delta)."""
         return self._graph_bytes
-
-    def synchronize(self):
-        torch.cuda.synchronize(self.device)

@@ -478,6 +478,3 @@ class EmulatedGraphBackend:
 
     def memory_bytes(self) -> int | None:
         return None
-
-    def synchronize(self):
-        pass

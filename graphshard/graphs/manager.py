@@ -13,9 +13,8 @@ import time
 from dataclasses import dataclass
 from typing import Any, Callable, Hashable, Iterable, Protocol, Sequence
 
+from graphshard.config import FALLBACKS, bucket_problem
 from graphshard.validate import BatchTooLargeError
-
-FALLBACKS = ("eager", "error")
 
 
 class GraphBackend(Protocol):
@@ -53,13 +52,9 @@ def build_bucket_table(buckets: Sequence[int]) -> list[int]:
 
 def _check_buckets(buckets) -> tuple[int, ...]:
     buckets = tuple(buckets)
-    if not buckets:
-        raise ValueError("buckets must hold at least one batch size")
-    for b in buckets:
-        if isinstance(b, bool) or not isinstance(b, int) or b < 1:
-            raise ValueError(f"bucket {b!r} is not a positive integer")
-    if list(buckets) != sorted(set(buckets)):
-        raise ValueError(f"buckets must be strictly increasing, got {buckets}")
+    problem = bucket_problem(buckets)
+    if problem is not None:
+        raise ValueError(f"buckets {buckets!r}: {problem}")
     return buckets
 
 
@@ -134,9 +129,7 @@ class GraphManager:
     def check_fits(self, n: int):
         """Raise BatchTooLargeError if `n` needs the eager path and the fallback is "error"."""
         if self.fallback == "error" and n > self.max_bucket:
-            raise BatchTooLargeError(
-                f"batch of {n} requests exceeds the largest captured bucket ({self.max_bucket}) "
-                f"and fallback is 'error'; raise max_num_reqs/buckets or use fallback='eager'")
+            raise self._too_large(f"batch of {n} requests")
 
     def run_eager(self, fn: Callable[[], Any], n: int | None = None) -> Any:
         """Run the step without a graph (batch above the largest bucket); counts the fallback.
@@ -144,12 +137,14 @@ class GraphManager:
         With fallback "error" this raises before calling `fn`, so no collective has started.
         """
         if self.fallback == "error":
-            size = "a batch" if n is None else f"a batch of {n} requests"
-            raise BatchTooLargeError(
-                f"{size} exceeds the largest captured bucket ({self.max_bucket}) and fallback is "
-                f"'error'; raise max_num_reqs/buckets or use fallback='eager'")
+            raise self._too_large("a batch" if n is None else f"a batch of {n} requests")
         self._eager_fallbacks += 1
         return fn()
+
+    def _too_large(self, what: str) -> BatchTooLargeError:
+        return BatchTooLargeError(
+            f"{what} exceeds the largest captured bucket ({self.max_bucket}) and fallback is "
+            f"'error'; raise max_num_reqs/buckets or use fallback='eager'")
 
     def stats(self) -> GraphStats:
         return GraphStats(
