@@ -156,7 +156,7 @@ def _plan_kernel(
 @triton.jit(do_not_specialize=["staged_max_reqs", "row_words64", "max_num_reqs",
                                "max_num_rows", "gather_stride"])
 def _fetch_plan_kernel(
-    addresses_ptr, meta_ptr, last_ptr, staged_max_reqs, row_words64,  # Staging.fetch_args
+    rows_ptr, meta_ptr, last_ptr, staged_max_reqs, row_words64,  # Staging.fetch_args
     idx_mapping_ptr, cu_num_logits_ptr, seq_lens_ptr, num_reqs_in_ptr,  # views of meta
     draft_tokens_ptr,
     num_reqs_ptr, owner_num_reqs_ptr, owner_num_rows_ptr, owner_req_offsets_ptr,
@@ -168,7 +168,7 @@ def _fetch_plan_kernel(
     PADDED_NUM_LOGITS_PER_REQ: tl.constexpr, HAS_DRAFTS: tl.constexpr,
     FETCH_BLOCK: tl.constexpr,
 ):
-    fetch_row(addresses_ptr, meta_ptr, last_ptr, staged_max_reqs, row_words64, 0, FETCH_BLOCK,
+    fetch_row(rows_ptr, meta_ptr, last_ptr, staged_max_reqs, row_words64, 0, FETCH_BLOCK,
               FETCH_BLOCK)
     # The plan reads meta words other threads of this program just stored: a block-wide
     # barrier orders those global stores before its loads.
@@ -252,6 +252,7 @@ def fetch_and_plan(staging: Staging, out: PlanBuffers, *, tp_rank: int, gather_s
     _check_plan_args(out, idx_mapping=idx_mapping, cu_num_logits=cu_num_logits,
                      seq_lens=seq_lens, num_reqs=num_reqs, **options)
     args, constexprs = _plan_launch_args(out, **options)
+    staging.pull()
     fetch = staging.fetch_args()
     launch(_fetch_plan_kernel, (1,), *fetch, idx_mapping, cu_num_logits, seq_lens, num_reqs,
            *args, FETCH_BLOCK=min(_MAX_FETCH_BLOCK, triton.next_power_of_2(3 * fetch[3] + 1)),

@@ -2,12 +2,12 @@
 
 The host writes step k's replicated integers into row k % 2 of a pinned host buffer (plain
 memory on CPU): no copy call, no device call. The captured step fetches them itself: its first
-kernel (`fetch`, or the shard step's fused fetch and plan) reads both rows straight from host
-memory and copies the right one into the device-side `meta` buffer; its last kernel
-(`signal_done`, or the p2p record push that ends the step) writes the step's number into a
-pinned host word. The host reads that word with one NumPy load to know which steps finished, so
-it may stage step k + 1 while step k is still queued or running, and only waits (for step k - 1)
-before reusing a row.
+operation (`pull`) copies both rows to the device with the copy engine, and its first kernel
+(`fetch`, or the shard step's fused fetch and plan) takes the right one into the device-side
+`meta` buffer; its last kernel (`signal_done`, or the p2p record push that ends the step) writes
+the step's number into a pinned host word. The host reads that word with one NumPy load to know
+which steps finished, so it may stage step k + 1 while step k is still queued or running, and
+only waits (for step k - 1) before reusing a row.
 
 Which row the fetch takes is decided on the device, so one graph serves both rows: each row
 starts with the step number staged in it, and the fetch takes the oldest row newer than the last
@@ -17,12 +17,12 @@ and timing runs re-run an already fetched row: then no row is newer and the fetc
 newest, which is the same batch in both rows.
 
 A host row (int32 words) is [step (int64) | num_reqs | bitmask_on | idx_mapping n |
-cu_num_logits n+1 | seq_lens n | unused], packed by the step's own n: the fetch reads the two
-headers, then only the 3n + 1 words the step uses (two round trips over the host link, the
-second one n-sized), and spreads them into meta's fixed layout [header | idx_mapping N |
-cu_num_logits N+1 | seq_lens N] (N = max_num_reqs), which the step's kernels read. Reading
-whole rows instead costs ~33 µs per step at N = 1024 on an H200: host-memory reads are slow
-per byte.
+cu_num_logits n+1 | seq_lens n | unused], packed by the step's own n; the fetch reads its
+header, then only the 3n + 1 words the step uses, and spreads them into meta's fixed layout
+[header | idx_mapping N | cu_num_logits N+1 | seq_lens N] (N = max_num_reqs), which the step's
+kernels read. A row being rewritten while a step copies it is never the one that step takes.
+Measured on an H200 (benchmarks/profile_kernels.py): a fetch kernel reading the rows from host
+memory itself took ~31-33 µs per step whatever it read (each dependent host read is a round trip).
 """
 
 from __future__ import annotations
@@ -52,17 +52,16 @@ def row_width(max_num_reqs: int) -> int:
 
 
 @triton.jit
-def fetch_row(addresses_ptr, meta_ptr, last_ptr, max_num_reqs, row_words64, first, stride,
+def fetch_row(rows_ptr, meta_ptr, last_ptr, max_num_reqs, row_words64, first, stride,
               BLOCK: tl.constexpr):
     """This step's staged row into `meta`, blocks `first, first + stride, ...` of its packed
-    words (the step's first kernel, or its part of a fused first kernel)."""
-    host = tl.load(addresses_ptr)  # int64: the staging buffer's address (pinned host memory)
-    heads = host.to(tl.pointer_type(tl.int64))
-    # Round trip 1 over the host link: both rows' headers (step number, count and flag).
-    seq_a = tl.load(heads, volatile=True)
-    head_a = tl.load(heads + 1, volatile=True)
-    seq_b = tl.load(heads + row_words64, volatile=True)
-    head_b = tl.load(heads + row_words64 + 1, volatile=True)
+    words (the step's first kernel, or its part of a fused first kernel). `rows_ptr` is the
+    device copy of both host rows (`Staging.pull`)."""
+    heads = rows_ptr.to(tl.pointer_type(tl.int64))
+    seq_a = tl.load(heads)
+    head_a = tl.load(heads + 1)
+    seq_b = tl.load(heads + row_words64)
+    head_b = tl.load(heads + row_words64 + 1)
     last = tl.load(last_ptr)
     new_a = seq_a > last
     new_b = seq_b > last
@@ -71,18 +70,18 @@ def fetch_row(addresses_ptr, meta_ptr, last_ptr, max_num_reqs, row_words64, firs
     seq = tl.where(take_b, seq_b, seq_a)
     head = tl.where(take_b, head_b, head_a)
     n = (head & 0xFFFFFFFF).to(tl.int32)
-    words = host.to(tl.pointer_type(tl.int32)) + tl.where(take_b, 2 * row_words64, 0) + _HEADER
+    words = rows_ptr + tl.where(take_b, 2 * row_words64, 0) + _HEADER
     tl.store(meta_ptr.to(tl.pointer_type(tl.int64)), seq)
     tl.store(meta_ptr + 2, n)
     tl.store(meta_ptr + 3, (head >> 32).to(tl.int32))
-    # Round trip 2: only the 3n + 1 words the step uses, packed [idx n | cu n+1 | lens n],
-    # spread into meta's fixed layout [idx N | cu N+1 | lens N].
+    # The 3n + 1 words the step uses, packed [idx n | cu n+1 | lens n], spread into meta's
+    # fixed layout [idx N | cu N+1 | lens N].
     used = 3 * n + 1
     start = first
     while start < used:
         offs = start + tl.arange(0, BLOCK)
         live = offs < used
-        v = tl.load(words + offs, mask=live, other=0, volatile=True)
+        v = tl.load(words + offs, mask=live, other=0)
         dst = tl.where(offs < n, offs,
                        tl.where(offs <= 2 * n, offs - n + max_num_reqs,
                                 offs - 2 * n - 1 + 2 * max_num_reqs + 1))
@@ -91,9 +90,9 @@ def fetch_row(addresses_ptr, meta_ptr, last_ptr, max_num_reqs, row_words64, firs
 
 
 @triton.jit(do_not_specialize=["max_num_reqs", "row_words64"])
-def _fetch_kernel(addresses_ptr, meta_ptr, last_ptr, max_num_reqs, row_words64,
+def _fetch_kernel(rows_ptr, meta_ptr, last_ptr, max_num_reqs, row_words64,
                   BLOCK: tl.constexpr):
-    fetch_row(addresses_ptr, meta_ptr, last_ptr, max_num_reqs, row_words64,
+    fetch_row(rows_ptr, meta_ptr, last_ptr, max_num_reqs, row_words64,
               tl.program_id(0) * BLOCK, tl.num_programs(0) * BLOCK, BLOCK)
 
 
@@ -122,6 +121,9 @@ class Staging:
         pinned = device.type == "cuda"
         self.meta = torch.zeros(self.width, dtype=torch.int32, device=device)
         self.rows = torch.zeros(2, self.width, dtype=torch.int32, pin_memory=pinned)
+        # Both rows as the step's first operation copied them (a copy-engine transfer: a kernel
+        # reading host memory pays a host-link round trip per dependent load).
+        self.copies = torch.zeros(2, self.width, dtype=torch.int32, device=device)
         # The last step the device finished (-1: none); written by the step's last kernel.
         self.done = torch.full((1,), -1, dtype=torch.int64, pin_memory=pinned)
         self._last = torch.full((1,), -1, dtype=torch.int64, device=device)
@@ -169,8 +171,14 @@ class Staging:
         head[1] = n | (int(bitmask_on) << 32)
         head[0] = step  # last, so a row's step number never names a half-written row
 
+    def pull(self) -> None:
+        """The step's first operation: both host rows into `copies` (stream-ordered; a copy
+        node in a captured graph, which reads the rows as they are at replay)."""
+        self.copies.copy_(self.rows, non_blocking=True)
+
     def fetch(self) -> None:
-        """The step's first kernel: the staged row of this step into `meta`."""
+        """`pull`, then the kernel that takes this step's row into `meta`."""
+        self.pull()
         launch(_fetch_kernel, self._grid, *self.fetch_args(), BLOCK=_FETCH_BLOCK)
 
     def signal_done(self) -> None:
@@ -178,9 +186,9 @@ class Staging:
         launch(_done_kernel, (1,), *self.done_args())
 
     def fetch_args(self) -> tuple:
-        """What a fused first kernel passes to `fetch_row`: (addresses, meta, last,
+        """What a fused first kernel passes to `fetch_row` after `pull`: (copies, meta, last,
         max_num_reqs, row_words64)."""
-        return self._addresses, self.meta, self._last, self.max_num_reqs, self.width // 2
+        return self.copies, self.meta, self._last, self.max_num_reqs, self.width // 2
 
     def done_args(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """What a fused last kernel passes to `signal_done`: (addresses, meta's step, last)."""
