@@ -19,10 +19,10 @@ import torch
 import torch.distributed as dist
 
 from benchmarks.timing import events_us, measure_peak_p2p_gbs
-from graphshard.distributed import spawn
+from graphshard.harness.distributed import spawn
 from graphshard.engine import DTYPES
-from graphshard.plan import plan
-from graphshard.plan_layout import PlanBuffers
+from graphshard.plan.kernel import plan
+from graphshard.plan.layout import PlanBuffers
 from graphshard.transports import make_transport
 
 ROWS = (1, 8, 64, 256, 1024)

@@ -30,9 +30,9 @@ from benchmarks.sampling_modes import (BATCHES, MAX_LOGPROBS, MODES, SHAPES, Tor
 from benchmarks.timing import graph_of, replay_us
 from graphshard.config import Config
 from graphshard.engine import Engine
-from graphshard.params import SlotTables
-from graphshard.records import RecordLayout
-from graphshard.sampler import SamplerWorkspace, sample
+from graphshard.sample.params import SlotTables
+from graphshard.sample.records import RecordLayout
+from graphshard.sample.kernels import SamplerWorkspace, sample
 
 
 def loop_us(step, iters: int, warmup: int = 5) -> dict:

@@ -16,8 +16,8 @@ import torch
 
 from graphshard.config import Config
 from graphshard.engine import Engine
-from graphshard.faults import FaultGuard
-from graphshard.params import SamplingParams
+from graphshard.engine.faults import FaultGuard
+from graphshard.sample.params import SamplingParams
 
 BATCHES = (1, 8, 32, 128, 256, 1024)
 

@@ -19,9 +19,9 @@ from torch.profiler import ProfilerActivity, profile
 from benchmarks.sampling_modes import MAX_LOGPROBS, MODES, make_logits
 from graphshard.config import Config
 from graphshard.engine import Engine
-from graphshard.params import SlotTables
-from graphshard.records import RecordLayout
-from graphshard.sampler import SamplerWorkspace, sample
+from graphshard.sample.params import SlotTables
+from graphshard.sample.records import RecordLayout
+from graphshard.sample.kernels import SamplerWorkspace, sample
 
 CALLS = 20
 

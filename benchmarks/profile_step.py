@@ -15,9 +15,9 @@ import torch.distributed as dist
 
 from graphshard.config import Config
 from benchmarks.timing import events_us
-from graphshard.distributed import spawn
+from graphshard.harness.distributed import spawn
 from graphshard.engine import Engine
-from graphshard.params import SamplingParams
+from graphshard.sample.params import SamplingParams
 
 BATCHES = (1, 32, 256, 1024)
 

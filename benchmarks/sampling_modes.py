@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import torch
 
-from graphshard.params import SamplingParams
+from graphshard.sample.params import SamplingParams
 
 TEMPERATURE = 0.8
 MODES: dict[str, SamplingParams] = {

@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from benchmarks.bench_exchange import bench_rank
-from graphshard.distributed import spawn
+from graphshard.harness.distributed import spawn
 
 
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])

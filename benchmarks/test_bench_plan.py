@@ -5,8 +5,8 @@ import pytest
 import torch
 
 from benchmarks.timing import benchmark_graph
-from graphshard.plan import plan
-from graphshard.plan_layout import PlanBuffers
+from graphshard.plan.kernel import plan
+from graphshard.plan.layout import PlanBuffers
 
 BUCKETS = [1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024]
 MAX_REQS, MAX_M, TP = 1024, 1, 2

@@ -4,9 +4,9 @@ import pytest
 import torch
 
 from benchmarks.timing import benchmark_graph
-from graphshard.params import SamplingParams, SlotTables
-from graphshard.records import RecordLayout
-from graphshard.sampler import SamplerWorkspace, sample
+from graphshard.sample.params import SamplingParams, SlotTables
+from graphshard.sample.records import RecordLayout
+from graphshard.sample.kernels import SamplerWorkspace, sample
 
 BATCHES = [1, 8, 32, 128, 256, 512, 1024]
 REPEAT = 10

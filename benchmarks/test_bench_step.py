@@ -6,7 +6,7 @@ import torch
 
 from graphshard.config import Config
 from graphshard.engine import Engine
-from graphshard.params import SamplingParams
+from graphshard.sample.params import SamplingParams
 
 BUCKETS = (1, 8, 32, 128, 256, 512, 1024)
 

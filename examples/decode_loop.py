@@ -30,7 +30,7 @@ import torch
 import torch.distributed as dist
 
 from graphshard import Config, Engine, SamplingParams
-from graphshard.distributed import spawn
+from graphshard.harness.distributed import spawn
 
 # torch >= 2.13 names it all_gather_single; older releases all_gather_into_tensor.
 all_gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
@@ -262,7 +262,7 @@ def main() -> int:
     runs = {}
     for tp in sorted({1, args.tp}):
         # spawn sets NCCL_NVLS_ENABLE=0, TORCH_SYMM_MEM_DISABLE_MULTICAST=1 and
-        # NVSHMEM_DISABLE_NVLS=1 in each rank (graphshard.distributed.GPU_ENV).
+        # NVSHMEM_DISABLE_NVLS=1 in each rank (graphshard.harness.distributed.GPU_ENV).
         settings = s if tp == args.tp else dataclasses.replace(s, baseline=False)
         results = spawn(run_rank, tp, settings, backend=backend, timeout_s=1800)
         if any(r["tokens"] != results[0]["tokens"] for r in results):

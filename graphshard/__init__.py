@@ -15,10 +15,10 @@ saying what to set.
 
 from __future__ import annotations
 
-import importlib
 import os
 from typing import TYPE_CHECKING
 
+from graphshard._lazy import lazy_exports
 from graphshard.errors import (
     BatchTooLargeError,
     ConfigError,
@@ -49,32 +49,21 @@ _use_interpreter_without_cuda()
 # name -> module that defines it, imported on first access.
 _LAZY = {
     "Config": "graphshard.config",
-    "SamplingParams": "graphshard.params",
-    "Engine": "graphshard.engine",
-    "SamplerOutput": "graphshard.records",
-    "HostOutput": "graphshard.records",
-    "RecordLayout": "graphshard.records",
+    "SamplingParams": "graphshard.sample.params",
+    "Engine": "graphshard.engine.engine",
+    "SamplerOutput": "graphshard.sample.records",
+    "HostOutput": "graphshard.sample.records",
+    "RecordLayout": "graphshard.sample.records",
 }
 
 if TYPE_CHECKING:  # what type checkers and IDEs see for the lazy names
     from graphshard.config import Config
     from graphshard.engine import Engine
-    from graphshard.params import SamplingParams
-    from graphshard.records import HostOutput, RecordLayout, SamplerOutput
+    from graphshard.sample.params import SamplingParams
+    from graphshard.sample.records import HostOutput, RecordLayout, SamplerOutput
 
 
-def __getattr__(name: str):
-    module = _LAZY.get(name)
-    if module is None:
-        raise AttributeError(f"module 'graphshard' has no attribute {name!r}")
-    value = getattr(importlib.import_module(module), name)
-    globals()[name] = value  # later look-ups skip this function
-    return value
-
-
-def __dir__() -> list[str]:
-    return sorted(set(globals()) | set(_LAZY))
-
+__getattr__, __dir__ = lazy_exports(__name__, _LAZY)
 
 __all__ = [
     "BatchTooLargeError", "Config", "ConfigError", "Engine", "EngineStateError", "HostOutput",

@@ -1,5 +1,5 @@
 import sys
 
-from graphshard.cli import main
+from graphshard.harness.cli import main
 
 sys.exit(main())

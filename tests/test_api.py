@@ -16,7 +16,7 @@ import graphshard
 from graphshard import (BatchTooLargeError, Config, ConfigError, Engine, EngineStateError,
                         InvalidBatchError, InvalidParamsError, InvalidSlotError, InvalidTypeError,
                         RankDivergenceError, SamplingParams, StepFault)
-from graphshard.distributed import spawn
+from graphshard.harness.distributed import spawn
 
 ROOT = Path(__file__).resolve().parents[1]
 CFG = Config(vocab_size=90, vocab_pad_multiple=8, max_num_reqs=4, max_num_logits_per_req=2,
@@ -45,7 +45,8 @@ def test_errors_form_one_family_and_keep_their_old_homes():
     assert issubclass(InvalidBatchError, ValueError) and issubclass(ConfigError, ValueError)
     assert issubclass(InvalidTypeError, TypeError)  # `except TypeError` still catches dtype errors
     assert issubclass(StepFault, RuntimeError) and issubclass(EngineStateError, RuntimeError)
-    from graphshard import agreement, config, faults, validate
+    from graphshard import config
+    from graphshard.engine import agreement, faults, validate
     assert validate.InvalidBatchError is InvalidBatchError and faults.StepFault is StepFault
     assert agreement.RankDivergenceError is RankDivergenceError and config.ConfigError is ConfigError
     with pytest.raises(InvalidTypeError, match=r"^SamplingParams\.top_k = "):

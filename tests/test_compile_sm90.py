@@ -55,9 +55,9 @@ def report() -> list[dict]:
     """Compile every variant below; one dict per kernel variant."""
     import triton
 
-    from graphshard import sampler
-    from graphshard.plan import _plan_kernel
-    from graphshard.sampler_workspace import CHUNK_SIZE, pool_size_for
+    from graphshard.sample import kernels as sampler
+    from graphshard.plan.kernel import _plan_kernel
+    from graphshard.sample.workspace import CHUNK_SIZE, pool_size_for
 
     rows = []
     with tempfile.TemporaryDirectory() as tmp:

@@ -13,7 +13,7 @@ from typing import Any, Callable, Iterable, Mapping
 
 import torch
 
-from graphshard.devices import resolve_device
+from graphshard.runtime.devices import resolve_device
 
 
 class CudaGraphBackend:

@@ -12,7 +12,7 @@ CPU-only machine. While the step runs, a `TorchFunctionMode` checker
   replays is caught where a CUDA graph would have replayed the stale value;
 * checks that every tensor the step returns lives in a registered static buffer.
 
-Triton kernels launched through `graphshard.launch.launch` and torch.distributed collectives are
+Triton kernels launched through `graphshard.runtime.launch.launch` and torch.distributed collectives are
 not torch functions, so the checker does not see them; that is intended.
 """
 

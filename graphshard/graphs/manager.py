@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from typing import Any, Callable, Hashable, Iterable, Protocol, Sequence
 
 from graphshard.config import FALLBACKS, bucket_problem
-from graphshard.validate import BatchTooLargeError
+from graphshard.errors import BatchTooLargeError
 
 
 class GraphBackend(Protocol):

@@ -7,7 +7,7 @@ import logging
 import torch
 import torch.distributed as dist
 
-from graphshard.devices import resolve_device
+from graphshard.runtime.devices import resolve_device
 from graphshard.transports.base import Transport, doubling_tiers, pick_tier
 from graphshard.transports.p2p import P2PTransport, p2p_unavailable_reason
 from graphshard.transports.padded import PaddedTransport

@@ -9,7 +9,7 @@ lands rows there, then copies to `out` if given): their rows stay valid until th
 either. Records returned by `gather` stay valid until the next `gather`.
 
 A step ends with `gather` (shard) or `close` (replicate); both take `done`, the step's done signal
-(`graphshard.staging.Staging`), which they raise once the step's results are in place. A push
+(`graphshard.plan.staging.Staging`), which they raise once the step's results are in place. A push
 that directly follows such a step end on every rank may pass `fenced=False`: the step end already
 waited for every peer to finish reading what it was sent, so the p2p transport skips the push's
 start barrier. Transports that need no such barrier ignore `fenced`.
@@ -24,8 +24,8 @@ from datetime import timedelta
 import torch
 import torch.distributed as dist
 
-from graphshard.devices import resolve_device
-from graphshard.plan_layout import PlanBuffers
+from graphshard.runtime.devices import resolve_device
+from graphshard.plan.layout import PlanBuffers
 
 # torch >= 2.13 names the fixed-size all-gather `all_gather_single`; older releases only have
 # `all_gather_into_tensor` (same semantics, deprecated later).

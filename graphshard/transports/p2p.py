@@ -68,9 +68,9 @@ import torch.distributed as dist
 import triton
 import triton.language as tl
 
-from graphshard.launch import launch
-from graphshard.plan_layout import PlanBuffers
-from graphshard.staging import signal_done
+from graphshard.runtime.launch import launch
+from graphshard.plan.layout import PlanBuffers
+from graphshard.plan.staging import signal_done
 from graphshard.transports.base import Transport
 
 # Signal-pad channels: two phases (start, end) per kind of kernel.

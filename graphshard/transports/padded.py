@@ -14,7 +14,7 @@ from datetime import timedelta
 import torch
 import torch.distributed as dist
 
-from graphshard.plan_layout import PlanBuffers
+from graphshard.plan.layout import PlanBuffers
 from graphshard.transports.base import Transport, all_gather_single, finish
 
 

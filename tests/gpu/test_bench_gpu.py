@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from graphshard.cli import bench_settings, build_parser
+from graphshard.harness.cli import bench_settings, build_parser
 from graphshard.config import Config
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available() or torch.cuda.device_count() < 2,
@@ -11,7 +11,7 @@ pytestmark = pytest.mark.skipif(not torch.cuda.is_available() or torch.cuda.devi
 
 
 def test_the_sweep_runs_every_path_and_agrees_with_the_argmax(tmp_path):
-    from graphshard.bench import run
+    from graphshard.harness.bench import run
 
     preset = "configs/qwen2-152k.toml"
     args = build_parser().parse_args(["bench", "--config", preset, "--batches", "1,8", "--dtypes", "bfloat16",

@@ -8,11 +8,11 @@ import pytest
 import torch
 
 from graphshard.config import Config, default_buckets
-from graphshard.demo import DemoSettings, run_rank
-from graphshard.distributed import spawn
+from graphshard.harness.demo import DemoSettings, run_rank
+from graphshard.harness.distributed import spawn
 from graphshard.engine import Engine
-from graphshard.oracle import compare, sample_unsharded
-from graphshard.params import SamplingParams, SlotTables
+from graphshard.harness.oracle import compare, sample_unsharded
+from graphshard.sample.params import SamplingParams, SlotTables
 
 # GRAPHSHARD_GPU_TP=4 (or 8) runs these on more GPUs of one host.
 GPU_TP = int(os.environ.get("GRAPHSHARD_GPU_TP", "2"))

@@ -9,9 +9,9 @@ import pytest
 import torch
 
 from graphshard.config import Config
-from graphshard.distributed import spawn
+from graphshard.harness.distributed import spawn
 from graphshard.engine import Engine
-from graphshard.params import SamplingParams
+from graphshard.sample.params import SamplingParams
 
 GPU_TP = int(os.environ.get("GRAPHSHARD_GPU_TP", "2"))
 pytestmark = pytest.mark.skipif(

@@ -4,14 +4,14 @@ import numpy as np
 import pytest
 import torch
 
-from graphshard.params import SamplingParams, SlotTables
-from graphshard.plan import _fetch_plan_kernel, _plan_kernel, fetch_and_plan, plan
-from graphshard.plan_layout import PLAN_FIELDS, PlanBuffers
-from graphshard.plan_ref import plan_ref
-from graphshard.records import RecordLayout, unpack
-from graphshard.sampler import sample
-from graphshard.sampler_ref import sample_ref
-from graphshard.staging import Staging
+from graphshard.sample.params import SamplingParams, SlotTables
+from graphshard.plan.kernel import _fetch_plan_kernel, _plan_kernel, fetch_and_plan, plan
+from graphshard.plan.layout import PLAN_FIELDS, PlanBuffers
+from graphshard.plan.reference import plan_ref
+from graphshard.sample.records import RecordLayout, unpack
+from graphshard.sample.kernels import sample
+from graphshard.sample.reference import sample_ref
+from graphshard.plan.staging import Staging
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 

@@ -13,11 +13,11 @@ import pytest
 import torch
 
 from graphshard.config import Config
-from graphshard.distributed import spawn
+from graphshard.harness.distributed import spawn
 from graphshard.engine import Engine
-from graphshard.faults import StepFault
-from graphshard.oracle import compare, sample_unsharded
-from graphshard.params import SamplingParams, SlotTables
+from graphshard.engine.faults import StepFault
+from graphshard.harness.oracle import compare, sample_unsharded
+from graphshard.sample.params import SamplingParams, SlotTables
 
 pytestmark = pytest.mark.skipif(
     not torch.cuda.is_available() or torch.cuda.device_count() < 2, reason="needs 2 CUDA GPUs")

@@ -5,9 +5,9 @@ import numpy as np
 import pytest
 import torch
 
-from graphshard import sampler
-from graphshard.params import SamplingParams
-from tests.test_sampler import ROW_KINDS, adversarial_batch, make_batch, run_kernel, run_ref, \
+from graphshard.sample import kernels as sampler
+from graphshard.sample.params import SamplingParams
+from tests.sample.test_sampler import ROW_KINDS, adversarial_batch, make_batch, run_kernel, run_ref, \
     assert_same
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")

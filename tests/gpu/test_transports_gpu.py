@@ -9,9 +9,9 @@ import numpy as np
 import pytest
 import torch
 
-from graphshard.distributed import spawn
-from graphshard.plan_layout import PlanBuffers
-from graphshard.plan_ref import plan_ref
+from graphshard.harness.distributed import spawn
+from graphshard.plan.layout import PlanBuffers
+from graphshard.plan.reference import plan_ref
 from graphshard.transports import P2PTransport, PaddedTransport, make_transport
 
 # GRAPHSHARD_GPU_TP=4 (or 8) runs these on more GPUs of one host.

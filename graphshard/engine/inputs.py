@@ -1,0 +1,191 @@
+"""The engine's static input buffers: what the host stages per step and what it copies in.
+
+`tensor_error` checks a rank's own tensors against the buffers they are copied into;
+`tensors_fit` is its cheap form for the common case (True only where `tensor_error` would find
+nothing). The engine calls them (and checks the replicated inputs) before any `stage` or
+`write_tensors`, so those only copy.
+
+The replicated integer inputs go through `graphshard.plan.staging`: one write into a pinned,
+double-buffered host row per step, fetched by the captured step itself.
+"""
+
+from __future__ import annotations
+
+import operator
+
+import numpy as np
+import torch
+
+from graphshard.plan.staging import Staging
+from graphshard.errors import InvalidBatchError, InvalidTypeError
+
+
+class StepInputs:
+    """Device buffers at the padded maximum, sliced views for each input."""
+
+    def __init__(self, *, max_num_reqs: int, max_num_logits_per_req: int, vocab_shard: int,
+                 bitmask_words: int, logits_dtype: torch.dtype, device: torch.device,
+                 real_bitmask_words: int | None = None):
+        """`real_bitmask_words` (<= `bitmask_words`) is a bitmask width also accepted: one that
+        covers the real vocabulary but not the padding."""
+        n, rows = max_num_reqs, max_num_reqs * max_num_logits_per_req
+        self.max_num_reqs, self.max_num_rows = n, rows
+        self.max_num_logits_per_req = max_num_logits_per_req
+        self.bitmask_widths = (bitmask_words, real_bitmask_words or bitmask_words)
+        self.device = device
+        self.staged = Staging(n, max_num_logits_per_req, device)
+        self.meta, self.staging = self.staged.meta, self.staged.rows
+        self.num_reqs, self.bitmask_on, self.idx_mapping, self.cu_num_logits, self.seq_lens = \
+            self.staged.views()
+        self.logits = torch.zeros(rows, vocab_shard, dtype=logits_dtype, device=device)  # [rows, V/T]
+        self.draft_token_ids = torch.full((rows,), -1, dtype=torch.int32, device=device)
+        self.grammar_bitmask = torch.full((rows, bitmask_words), -1, dtype=torch.int32, device=device)
+        # Rows of draft_token_ids written since they last held -1 (a step without drafts
+        # resets only those, and only once).
+        self._dirty_draft_rows = 0
+        self._spans = {name: _span(t) for name, t in (("logits", self.logits),
+                                                       ("drafts", self.draft_token_ids),
+                                                       ("bitmask", self.grammar_bitmask))}
+        self._on_device = _device_test(device)
+        self._dtype, self._vocab_shard = logits_dtype, vocab_shard
+        self._row_strides = (vocab_shard, 1)  # contiguous rows; the leading rows of self.logits
+
+    # -- per step ---------------------------------------------------------------------------------
+    def stage(self, step: int, idx: np.ndarray, cu: np.ndarray, lens: np.ndarray,
+              bitmask_on: bool) -> None:
+        """Write step `step`'s replicated arrays into its pinned row (no device call)."""
+        self.staged.write(step, idx, cu, lens, bitmask_on)
+
+    def stage_placeholder(self, step: int, idx, cu, lens) -> None:
+        """A batch every warm-up, capture or timing run may fetch, whichever row it reads."""
+        self.staged.write_both(step, idx, cu, lens, False)
+
+    def fetch(self) -> None:
+        """The step's first operation: the staged inputs into `meta` (graph-safe)."""
+        self.staged.fetch()
+
+    def signal_done(self) -> None:
+        """The step's last operation: tell the host this step finished (graph-safe)."""
+        self.staged.signal_done()
+
+    def is_zero_copy(self, logits: torch.Tensor, num_logits: int) -> bool:
+        """Whether the decode loop wrote this step's logits straight into `self.logits`."""
+        return num_logits > 0 and logits.data_ptr() == self._spans["logits"][0]
+
+    def write_tensors(self, logits: torch.Tensor, drafts, bitmask, num_logits: int) -> None:
+        """Copy this rank's tensors in (stream-ordered, so a step in flight still reads its own)."""
+        with torch.no_grad():  # a grad-tracking shard must not give the static buffers a history
+            if not self.is_zero_copy(logits, num_logits):
+                self.logits[:num_logits].copy_(logits, non_blocking=True)
+            if self.max_num_logits_per_req > 1:
+                self._write_drafts(drafts, num_logits)
+            if bitmask is not None:
+                self.grammar_bitmask[:num_logits, : bitmask.shape[1]].copy_(bitmask, non_blocking=True)
+
+    def _write_drafts(self, drafts: torch.Tensor | None, num_logits: int) -> None:
+        if drafts is not None:
+            self.draft_token_ids[:num_logits].copy_(drafts, non_blocking=True)
+            self._dirty_draft_rows = max(self._dirty_draft_rows, num_logits)
+        elif self._dirty_draft_rows:
+            # -1 never equals a sample: nothing accepted.
+            self.draft_token_ids[:self._dirty_draft_rows].fill_(-1)
+            self._dirty_draft_rows = 0
+
+    def tensors_fit(self, logits, drafts, bitmask, num_logits: int) -> bool:
+        """True only where `tensor_error` finds nothing; False sends the caller to it."""
+        if not (isinstance(logits, torch.Tensor) and logits.dtype is self._dtype
+                and logits.shape == (num_logits, self._vocab_shard)
+                and logits.stride() == self._row_strides and self._on_device(logits)):
+            return False
+        lo, hi = self._spans["logits"]
+        p = logits.data_ptr()
+        if p != lo and lo <= p < hi:
+            return False  # a view into the static buffer other than its leading rows
+        if drafts is None and bitmask is None:
+            return True
+        if drafts is not None and (self.max_num_logits_per_req == 1
+                                   or not self._int32_fits(drafts, "drafts", num_logits, 1)):
+            return False
+        return bitmask is None or self._int32_fits(bitmask, "bitmask", num_logits, 2)
+
+    def _int32_fits(self, t, name: str, num_logits: int, dims: int) -> bool:
+        if not (isinstance(t, torch.Tensor) and t.dtype is torch.int32 and t.dim() == dims
+                and t.shape[0] == num_logits and self._on_device(t)):
+            return False
+        if dims == 2 and t.shape[1] not in self.bitmask_widths:
+            return False
+        lo, hi = self._spans[name]
+        return t.numel() == 0 or not lo <= t.data_ptr() < hi
+
+    # -- checks of this rank's own tensors ----------------------------------------------------------
+    def tensor_error(self, logits, drafts, bitmask, num_logits: int) -> Exception | None:
+        """What is wrong with a step's logits, drafts or bitmask (the exception to raise), or None."""
+        try:
+            self._check_logits(logits, num_logits)
+            if drafts is not None:
+                if self.max_num_logits_per_req == 1:
+                    raise InvalidBatchError("draft_token_ids given but max_num_logits_per_req is 1")
+                _check_int32("draft_token_ids", drafts, (num_logits,), self.device)
+                _check_not_misplaced("draft_token_ids", drafts, self.draft_token_ids)
+            if bitmask is not None:
+                # Sized by the padded vocabulary (docs/design.md, "What a step computes"); a
+                # width covering the real one is accepted too.
+                width = bitmask.shape[-1] if isinstance(bitmask, torch.Tensor) and bitmask.dim() == 2 else -1
+                width = width if width in self.bitmask_widths else self.bitmask_widths[0]
+                _check_int32("grammar_bitmask", bitmask, (num_logits, width), self.device)
+                _check_not_misplaced("grammar_bitmask", bitmask, self.grammar_bitmask)
+        except (InvalidBatchError, TypeError) as e:
+            return e
+        return None
+
+    def _check_logits(self, logits, num_logits: int) -> None:
+        vocab_shard, dtype = self.logits.shape[1], self.logits.dtype
+        if not isinstance(logits, torch.Tensor):
+            raise InvalidTypeError(f"logits must be a torch.Tensor, got {type(logits).__name__}")
+        if logits.dim() != 2 or logits.shape != (num_logits, vocab_shard):
+            raise InvalidBatchError(f"logits must be [{num_logits}, {vocab_shard}] (rows x this "
+                                    f"rank's vocab shard), got {tuple(logits.shape)}")
+        if logits.dtype != dtype:
+            raise InvalidTypeError(f"logits must be {dtype} (config logits_dtype), got {logits.dtype}")
+        if logits.device != self.device:
+            raise InvalidBatchError(f"logits is on {logits.device}, the engine runs on {self.device}")
+        if logits.stride(-1) != 1:
+            raise InvalidBatchError("logits rows must be contiguous (last-dim stride 1)")
+        _check_not_misplaced("logits", logits, self.logits)
+
+
+def _check_not_misplaced(name: str, value: torch.Tensor, static: torch.Tensor) -> None:
+    """A tensor inside a static input buffer must be that buffer's leading rows (the zero-copy
+    path); any other view would be copied onto itself."""
+    if value.numel() == 0 or value.untyped_storage().data_ptr() != static.untyped_storage().data_ptr():
+        return
+    if value.data_ptr() != static.data_ptr() or value.stride() != static[: value.shape[0]].stride():
+        raise InvalidBatchError(f"{name} is a view into the engine's static {name} buffer other "
+                                f"than its leading rows; pass engine.inputs' buffer[:num_logits]")
+
+
+def _check_int32(name: str, value, shape: tuple, device: torch.device) -> None:
+    if not isinstance(value, torch.Tensor):
+        raise InvalidTypeError(f"{name} must be a torch.Tensor, got {type(value).__name__}")
+    if value.dtype != torch.int32:
+        raise InvalidTypeError(f"{name} must be int32, got {value.dtype}")
+    if tuple(value.shape) != shape:
+        raise InvalidBatchError(f"{name} must have shape {list(shape)}, got {list(value.shape)}")
+    if value.device != device:
+        raise InvalidBatchError(f"{name} is on {value.device}, the engine runs on {device}")
+
+
+def _span(t: torch.Tensor) -> tuple[int, int]:
+    """[first, past-the-end) byte addresses of a static buffer's storage."""
+    storage = t.untyped_storage()
+    return storage.data_ptr(), storage.data_ptr() + storage.nbytes()
+
+
+def _device_test(device: torch.device):
+    """A cheap `t.device == device` (building a torch.device per call costs more)."""
+    if device.type == "cuda":
+        index = device.index
+        return lambda t: t.is_cuda and t.get_device() == index
+    if device.type == "cpu":
+        return operator.attrgetter("is_cpu")
+    return lambda t: t.device == device

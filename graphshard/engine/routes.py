@@ -1,0 +1,59 @@
+"""Which captured graph serves a batch: graph keys and the per-batch-size routes to them.
+
+A graph key is `(bucket, strategy, capacity)`: the batch size it serves, "shard" or "replicate",
+and (shard only) the per-destination row capacity of the exchange. Padded transports capture
+one graph per capacity tier of a bucket and a step takes the smallest tier its busiest owner
+fits; p2p reads the counts on the device and has one tier. The engine builds one `Route` per
+batch size at capture, so a step finds its graph with a list index.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from graphshard.sample.records import SamplerOutput
+from graphshard.engine.strategy import REPLICATE, SHARD
+from graphshard.transports.base import pick_tier
+from graphshard.engine.validate import owner_counts
+
+
+class Route:
+    """How a captured batch of n requests runs: its graph key (or the key of each capacity tier)
+    and the output views of its first n records."""
+
+    __slots__ = ("key", "tiers", "keys", "out")
+
+    def __init__(self, keys: list[tuple], out: SamplerOutput):
+        self.key = keys[0] if len(keys) == 1 else None
+        self.tiers = tuple(k[2] for k in keys) if len(keys) > 1 else None
+        self.keys = keys
+        self.out = out
+
+    def key_for(self, idx: np.ndarray, cu: np.ndarray, tp_size: int, one_row: bool) -> tuple:
+        if self.key is not None:
+            return self.key
+        return self.keys[self.tiers.index(pick_tier(self.tiers, busiest_owner_rows(idx, cu, tp_size, one_row)))]
+
+
+def keys_for(bucket: int, strategy: str, tiers: tuple[int, ...] | None) -> list[tuple]:
+    """Every graph key of a bucket under a strategy (one per capacity tier for shard)."""
+    if strategy == REPLICATE:
+        return [(bucket, REPLICATE, 0)]
+    return [(bucket, SHARD, c) for c in tiers]
+
+
+def eager_key(n: int, idx: np.ndarray, cu: np.ndarray, strategy: str, tp_size: int) -> tuple:
+    """The key of an uncaptured step: its exact size, and for shard its exact capacity."""
+    size = max(n, 1)
+    if strategy == REPLICATE:
+        return (size, REPLICATE, 0)
+    return (size, SHARD, max(1, busiest_owner_rows(idx, cu, tp_size, one_row=False)))
+
+
+def busiest_owner_rows(idx: np.ndarray, cu: np.ndarray, tp_size: int, one_row: bool) -> int:
+    """The most logits rows any owner rank (slot % tp) receives."""
+    if idx.shape[0] == 0:
+        return 0
+    if one_row:  # rows are requests
+        return int(np.bincount(idx % tp_size, minlength=tp_size).max())
+    return int(owner_counts(idx, cu, tp_size)[1].max())

@@ -1,0 +1,62 @@
+"""The oracle: an unsharded eager sampler over the whole batch on one process.
+
+It runs the same sampler on the full-vocabulary logits in batch order, so a correct sharded
+step returns exactly its tokens: draws depend on (slot seed, position, token id) only.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from graphshard.sample.params import SlotTables
+from graphshard.sample.records import RecordLayout, SamplerOutput, unpack
+from graphshard.sample.kernels import sample
+
+
+def sample_unsharded(full_logits: torch.Tensor, *, idx_mapping: np.ndarray, cu_num_logits: np.ndarray,
+                     seq_lens: np.ndarray, tables: SlotTables, layout: RecordLayout, vocab_size: int,
+                     draft_token_ids: torch.Tensor | None = None,
+                     grammar_bitmask: torch.Tensor | None = None) -> SamplerOutput:
+    """Sample the batch [n] from `full_logits` [num_logits, padded_vocab] (batch order)."""
+    device = full_logits.device
+    n = idx_mapping.shape[0]
+    width = max(n, 1)
+
+    def dev(a, length):
+        out = np.zeros(length, dtype=np.int32)
+        out[: a.shape[0]] = a
+        return torch.from_numpy(out).to(device)
+
+    records = torch.full((width, layout.width), -2, dtype=torch.int32, device=device)
+    rows = full_logits.shape[0]
+    sample(full_logits, vocab_size=vocab_size, num_reqs=torch.tensor([n], dtype=torch.int32, device=device),
+           req_slots=dev(idx_mapping, width), cu_num_logits=dev(cu_num_logits, width + 1),
+           seq_lens=dev(seq_lens, width), tables=tables, layout=layout, records=records,
+           max_num_reqs=width, draft_tokens=draft_token_ids,
+           bitmask=grammar_bitmask,
+           bitmask_rows=torch.arange(rows, dtype=torch.int32, device=device)
+           if grammar_bitmask is not None else None)
+    return unpack(records[:n], layout)
+
+
+def compare(got: SamplerOutput, want: SamplerOutput, *, logprob_atol: float = 1e-4) -> str | None:
+    """None when equal (tokens, counts and ranks exactly; logprobs within tolerance), else why not."""
+    for name in ("sampled_token_ids", "num_sampled", "num_rejected", "num_nans", "topk_ids", "sampled_rank"):
+        a, b = getattr(got, name), getattr(want, name)
+        if a is None and b is None:
+            continue
+        a, b = a.cpu(), b.cpu()
+        if not torch.equal(a, b):
+            rows = (a != b).reshape(a.shape[0], -1).any(dim=1).nonzero().flatten().tolist()
+            return f"{name} differs at requests {rows[:8]}: got {a[rows[0]].tolist()}, want {b[rows[0]].tolist()}"
+    for name in ("topk_logprobs", "sampled_logprob"):
+        a, b = getattr(got, name), getattr(want, name)
+        if a is None and b is None:
+            continue
+        a, b = a.cpu(), b.cpu()
+        same_inf = torch.isinf(a) & torch.isinf(b) & (torch.sign(a) == torch.sign(b))
+        close = torch.isclose(a, b, atol=logprob_atol, rtol=1e-5) | same_inf | (torch.isnan(a) & torch.isnan(b))
+        if not bool(close.all()):
+            return f"{name} differs beyond {logprob_atol}"
+    return None

@@ -1,0 +1,199 @@
+"""Double-buffered staging of the replicated step inputs, and the step's first and last kernels.
+
+The host writes step k's replicated integers into row k % 2 of a pinned host buffer (plain
+memory on CPU): no copy call, no device call. The captured step fetches them itself: its first
+operation (`pull`) copies both rows to the device with the copy engine, and its first kernel
+(`fetch`, or the shard step's fused fetch and plan) takes the right one into the device-side
+`meta` buffer; its last kernel (`signal_done`, or the p2p record push that ends the step) writes
+the step's number into a pinned host word. The host reads that word with one NumPy load to know
+which steps finished, so it may stage step k + 1 while step k is still queued or running, and
+only waits (for step k - 1) before reusing a row.
+
+Which row the fetch takes is decided on the device, so one graph serves both rows: each row
+starts with the step number staged in it, and the fetch takes the oldest row newer than the last
+step the device finished (`last`, written by `signal_done`). A row is only rewritten after the
+step that used it has finished, so at step k's fetch the rows hold k and k - 1 or k + 1. Warm-up
+and timing runs re-run an already fetched row: then no row is newer and the fetch takes the
+newest, which is the same batch in both rows.
+
+A host row (int32 words) is [step (int64) | num_reqs | bitmask_on | idx_mapping n |
+cu_num_logits n+1 | seq_lens n | unused], packed by the step's own n; the fetch reads its
+header, then only the 3n + 1 words the step uses, and spreads them into meta's fixed layout
+[header | idx_mapping N | cu_num_logits N+1 | seq_lens N] (N = max_num_reqs), which the step's
+kernels read. A row being rewritten while a step copies it is never the one that step takes.
+Measured on an H200 (benchmarks/profile_kernels.py): a fetch kernel reading the rows from host
+memory itself took ~31-33 µs per step whatever it read (each dependent host read is a round trip).
+"""
+
+from __future__ import annotations
+
+import sys
+
+import numpy as np
+import torch
+import triton
+import triton.language as tl
+
+from graphshard.runtime.launch import launch
+
+HEADER = 4  # step (two words), num_reqs, bitmask_on
+_HEADER = tl.constexpr(HEADER)
+_FETCH_BLOCK = 1024
+
+# The host writes the header's (num_reqs, bitmask_on) pair as one int64 and checks signs through
+# the top byte of each int32; both read the words in little-endian order.
+assert sys.byteorder == "little", "graphshard's host staging assumes a little-endian host"
+
+
+def row_width(max_num_reqs: int) -> int:
+    """Words per staging row: even, so every row's leading int64 is aligned."""
+    width = HEADER + 3 * max_num_reqs + 1
+    return width + width % 2
+
+
+@triton.jit
+def fetch_row(rows_ptr, meta_ptr, last_ptr, max_num_reqs, row_words64, first, stride,
+              BLOCK: tl.constexpr):
+    """This step's staged row into `meta`, blocks `first, first + stride, ...` of its packed
+    words (the step's first kernel, or its part of a fused first kernel). `rows_ptr` is the
+    device copy of both host rows (`Staging.pull`)."""
+    heads = rows_ptr.to(tl.pointer_type(tl.int64))
+    seq_a = tl.load(heads)
+    head_a = tl.load(heads + 1)
+    seq_b = tl.load(heads + row_words64)
+    head_b = tl.load(heads + row_words64 + 1)
+    last = tl.load(last_ptr)
+    new_a = seq_a > last
+    new_b = seq_b > last
+    # The older of two new rows; the only new row; with none new (a re-run), the newer row.
+    take_b = tl.where(new_a == new_b, (seq_b < seq_a) == new_a, new_b)
+    seq = tl.where(take_b, seq_b, seq_a)
+    head = tl.where(take_b, head_b, head_a)
+    n = (head & 0xFFFFFFFF).to(tl.int32)
+    words = rows_ptr + tl.where(take_b, 2 * row_words64, 0) + _HEADER
+    tl.store(meta_ptr.to(tl.pointer_type(tl.int64)), seq)
+    tl.store(meta_ptr + 2, n)
+    tl.store(meta_ptr + 3, (head >> 32).to(tl.int32))
+    # The 3n + 1 words the step uses, packed [idx n | cu n+1 | lens n], spread into meta's
+    # fixed layout [idx N | cu N+1 | lens N].
+    used = 3 * n + 1
+    start = first
+    while start < used:
+        offs = start + tl.arange(0, BLOCK)
+        live = offs < used
+        v = tl.load(words + offs, mask=live, other=0)
+        dst = tl.where(offs < n, offs,
+                       tl.where(offs <= 2 * n, offs - n + max_num_reqs,
+                                offs - 2 * n - 1 + 2 * max_num_reqs + 1))
+        tl.store(meta_ptr + _HEADER + dst, v, mask=live)
+        start += stride
+
+
+@triton.jit(do_not_specialize=["max_num_reqs", "row_words64"])
+def _fetch_kernel(rows_ptr, meta_ptr, last_ptr, max_num_reqs, row_words64,
+                  BLOCK: tl.constexpr):
+    fetch_row(rows_ptr, meta_ptr, last_ptr, max_num_reqs, row_words64,
+              tl.program_id(0) * BLOCK, tl.num_programs(0) * BLOCK, BLOCK)
+
+
+@triton.jit
+def signal_done(addresses_ptr, meta_seq_ptr, last_ptr):
+    """The step's number into `last` and the host's done word (the step's last kernel, or the
+    end of a fused last kernel: the record push)."""
+    seq = tl.load(meta_seq_ptr)
+    tl.store(last_ptr, seq)
+    done = tl.load(addresses_ptr + 1).to(tl.pointer_type(tl.int64))
+    tl.store(done, seq)
+
+
+@triton.jit
+def _done_kernel(addresses_ptr, meta_seq_ptr, last_ptr):
+    signal_done(addresses_ptr, meta_seq_ptr, last_ptr)
+
+
+class Staging:
+    """The pinned double buffer, the device `meta` it is fetched into, and the done word."""
+
+    def __init__(self, max_num_reqs: int, max_num_logits_per_req: int, device: torch.device):
+        n = self.max_num_reqs = max_num_reqs
+        self.width = row_width(n)
+        self.device = device
+        pinned = device.type == "cuda"
+        self.meta = torch.zeros(self.width, dtype=torch.int32, device=device)
+        self.rows = torch.zeros(2, self.width, dtype=torch.int32, pin_memory=pinned)
+        # Both rows as the step's first operation copied them (a copy-engine transfer: a kernel
+        # reading host memory pays a host-link round trip per dependent load).
+        self.copies = torch.zeros(2, self.width, dtype=torch.int32, device=device)
+        # The last step the device finished (-1: none); written by the step's last kernel.
+        self.done = torch.full((1,), -1, dtype=torch.int64, pin_memory=pinned)
+        self._last = torch.full((1,), -1, dtype=torch.int64, device=device)
+        self._addresses = torch.tensor([self.rows.data_ptr(), self.done.data_ptr()],
+                                       dtype=torch.int64).to(device)
+        self._meta_seq = self.meta[:2].view(torch.int64)
+        self.done_view = self.done.numpy()
+        self._slices = (slice(HEADER, HEADER + n), slice(HEADER + n, HEADER + 2 * n + 1),
+                        slice(HEADER + 2 * n + 1, HEADER + 3 * n + 1))
+        host = self.rows.numpy()
+        host.view(np.int64)[:, 0] = -1  # no step staged yet
+        # Per row: the int64 header [step, num_reqs | bitmask_on << 32] and the packed words.
+        self._heads = [host[r].view(np.int64)[:2] for r in (0, 1)]
+        self._bodies = [host[r][HEADER:] for r in (0, 1)]
+        # (idx, cu, lens) views of a row for n requests, made on first use: a step creates no
+        # NumPy objects.
+        self._packed = [[None] * (n + 1) for _ in (0, 1)]
+        self._grid = (triton.cdiv(self.width, _FETCH_BLOCK),)
+
+    def views(self) -> tuple[torch.Tensor, ...]:
+        """Device views of meta: num_reqs [1], bitmask_on [1], idx_mapping, cu_num_logits, seq_lens."""
+        return (self.meta[2:3], self.meta[3:4], *(self.meta[s] for s in self._slices))
+
+    def write(self, step: int, idx: np.ndarray, cu: np.ndarray, lens: np.ndarray,
+              bitmask_on: bool) -> None:
+        """Stage step `step` into its row. The caller has made sure step - 2 finished."""
+        self._write_row(step & 1, step, idx, cu, lens, bitmask_on)
+
+    def write_both(self, step: int, idx, cu, lens, bitmask_on: bool) -> None:
+        """Stage one batch in both rows under one step number (warm-up, capture and timing runs
+        re-run it, whichever row they fetch). Nothing may be in flight."""
+        for r in (0, 1):
+            self._write_row(r, step, idx, cu, lens, bitmask_on)
+
+    def _write_row(self, r: int, step: int, idx, cu, lens, bitmask_on: bool) -> None:
+        n = idx.shape[0]
+        views = self._packed[r][n]
+        if views is None:
+            body = self._bodies[r]
+            views = self._packed[r][n] = (body[:n], body[n:2 * n + 1], body[2 * n + 1:3 * n + 1])
+        views[0][:] = idx
+        views[1][:] = cu
+        views[2][:] = lens
+        head = self._heads[r]
+        head[1] = n | (int(bitmask_on) << 32)
+        head[0] = step  # last, so a row's step number never names a half-written row
+
+    def pull(self) -> None:
+        """The step's first operation: both host rows into `copies` (stream-ordered; a copy
+        node in a captured graph, which reads the rows as they are at replay)."""
+        self.copies.copy_(self.rows, non_blocking=True)
+
+    def fetch(self) -> None:
+        """`pull`, then the kernel that takes this step's row into `meta`."""
+        self.pull()
+        launch(_fetch_kernel, self._grid, *self.fetch_args(), BLOCK=_FETCH_BLOCK)
+
+    def signal_done(self) -> None:
+        """The step's last kernel: its step number into `last` and the host's done word."""
+        launch(_done_kernel, (1,), *self.done_args())
+
+    def fetch_args(self) -> tuple:
+        """What a fused first kernel passes to `fetch_row` after `pull`: (copies, meta, last,
+        max_num_reqs, row_words64)."""
+        return self.copies, self.meta, self._last, self.max_num_reqs, self.width // 2
+
+    def done_args(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """What a fused last kernel passes to `signal_done`: (addresses, meta's step, last)."""
+        return self._addresses, self._meta_seq, self._last
+
+    def finished(self) -> int:
+        """The last step the device finished (a host read of the done word)."""
+        return int(self.done_view[0])

@@ -1,0 +1,223 @@
+"""Triton device functions of the sampler's candidate path: capture a row's likely winners in one
+pass, then answer top-k, top-p, min-p and logprobs from them exactly, or say that they cannot.
+
+A chunk program finds a floor `theta` at or below its chunk's `need`-th largest logit (the
+`need`-th largest of its lanes' maxima: `need` distinct elements are at least that large) and
+captures every token at or above it into the row's pool. Tokens a chunk did not capture are
+below its floor, so a threshold above every chunk's floor has all its kept tokens in the pool:
+`floor_score` turns the floors into the largest score an uncaptured token can have, and each
+answer below is exact when its threshold lies above that score (the caller checks).
+
+Pool entries are (logit bits, id with bit 31 set when the bitmask disallows the token).
+"""
+
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+from graphshard.sample import rng
+from graphshard.sample.rows import key_to_float, order_key
+
+DISALLOWED = tl.constexpr(-2147483648)  # bit 31 of a pool id
+ID_BITS = tl.constexpr(0x7FFFFFFF)
+
+
+@triton.jit
+def chunk_floor(lane_max, need, LANES: tl.constexpr, PASSES: tl.constexpr,
+                RADIX_BITS: tl.constexpr):
+    """A lower bound of the `need`-th largest of `lane_max` [LANES] (so of the chunk's `need`-th
+    largest value: `need` distinct elements are at least that large); -inf when need > LANES.
+
+    A radix search over the order-preserving keys stopped after PASSES digits: the prefix found
+    so far always has `need` keys at or above it, and zeroing the undecided bits only lowers it.
+    A sort would give the exact value, but costs more than the few extra captures saved."""
+    RADIX: tl.constexpr = 1 << RADIX_BITS
+    keys = order_key(lane_max)
+    digits = tl.arange(0, RADIX).to(tl.uint32)
+    prefix = tl.full((), 0, tl.uint32)
+    for p in tl.static_range(PASSES):
+        shift = 32 - RADIX_BITS * (p + 1)
+        cand = prefix | (digits << shift)  # [RADIX]
+        counts = tl.sum((keys[None, :] >= cand[:, None]).to(tl.int32), axis=1)
+        digit = tl.maximum(tl.sum((counts >= need).to(tl.int32), axis=0) - 1, 0)
+        prefix = prefix | (digit.to(tl.uint32) << shift)
+    # Below the key of -inf lie only NaN patterns: every lane max is at least -inf.
+    theta = key_to_float(tl.maximum(prefix, order_key(tl.full((), float("-inf"), tl.float32))))
+    return tl.where(need <= LANES, theta, float("-inf"))
+
+
+@triton.jit
+def fold_lanes(lane_max, BLOCK: tl.constexpr, LANES: tl.constexpr):
+    """[BLOCK] per-lane maxima -> [LANES] (LANES divides BLOCK): a cheaper floor search."""
+    if BLOCK == LANES:
+        return lane_max
+    return tl.max(tl.reshape(lane_max, [BLOCK // LANES, LANES]), axis=0)
+
+
+@triton.jit
+def floor_score(floor_x, inv_temp):
+    """Largest score an uncaptured token can have: uncaptured tokens lie strictly below the
+    floor, so at most at the float just below it (scores round, the order does not)."""
+    below = key_to_float(order_key(floor_x) - 1)
+    return tl.where(floor_x == float("-inf"), float("-inf"), below * inv_temp)
+
+
+@triton.jit
+def capture(pool_x_ptr, pool_id_ptr, count_ptr, x_raw, allowed, offs, take, CAP: tl.constexpr):
+    """Append the tokens `take` marks to the row's pool (positions from one atomic per tile);
+    entries past CAP are dropped (the caller sees the count exceed CAP)."""
+    n = tl.sum(take.to(tl.int32), axis=0)
+    if n > 0:
+        base = tl.atomic_add(count_ptr, n, sem="relaxed")
+        pos = base + tl.cumsum(take.to(tl.int32), axis=0) - 1
+        keep = take & (pos >= 0) & (pos < CAP)
+        tl.store(pool_x_ptr + pos, x_raw.to(tl.int32, bitcast=True), mask=keep)
+        ids = tl.where(allowed, offs, offs | DISALLOWED)
+        tl.store(pool_id_ptr + pos, ids, mask=keep)
+
+
+@triton.jit
+def load_pool(pool_x_ptr, pool_id_ptr, t, n_cand, inv_temp, TILE: tl.constexpr):
+    """One tile of the pool -> (score, raw logit, id, allowed & live). Scores of disallowed and
+    dead entries are -inf; raw logits of dead entries are -inf."""
+    i = t + tl.arange(0, TILE)
+    live = i < n_cand
+    x = tl.load(pool_x_ptr + i, mask=live, other=0xFF800000, cache_modifier=".cg")
+    x = x.to(tl.float32, bitcast=True)
+    ids = tl.load(pool_id_ptr + i, mask=live, other=0, cache_modifier=".cg")
+    ok = live & (ids >= 0)
+    s = tl.where(ok, x * inv_temp, float("-inf"))
+    return s, tl.where(live, x, float("-inf")), ids & ID_BITS, ok
+
+
+@triton.jit
+def search_pool(pool_x_ptr, pool_id_ptr, n_cand, inv_temp, max_score, low_score, target,
+                BY_MASS: tl.constexpr, CAP: tl.constexpr, TILE: tl.constexpr,
+                RADIX_BITS: tl.constexpr):
+    """Largest score key T with W(captured allowed scores >= T, and >= low_score) >= target,
+    decided RADIX_BITS bits per pass. W counts (top-k) or sums exp(s - max_score) (top-p).
+    Returns (T as a score, W of everything counted): W below target means no such T."""
+    RADIX: tl.constexpr = 1 << RADIX_BITS
+    digits = tl.arange(0, RADIX).to(tl.uint32)
+    prefix = tl.full((), 0, tl.uint32)
+    total = tl.full((), 0.0, tl.float32)
+    for p in tl.static_range(32 // RADIX_BITS):
+        shift = 32 - RADIX_BITS * (p + 1)
+        cand = prefix | (digits << shift)  # [RADIX]
+        acc = tl.zeros([RADIX], tl.float32)
+        for t in range(0, CAP, TILE):
+            if t < n_cand:
+                s, _, _, ok = load_pool(pool_x_ptr, pool_id_ptr, t, n_cand, inv_temp, TILE)
+                ok = ok & (s > float("-inf")) & (s >= low_score)
+                if BY_MASS:
+                    w = tl.where(ok, tl.exp(s - max_score), 0.0)
+                else:
+                    w = tl.where(ok, 1.0, 0.0)
+                hit = order_key(s)[None, :] >= cand[:, None]  # [RADIX, TILE]
+                acc += tl.sum(tl.where(hit, w[None, :], 0.0), axis=1)
+        if p == 0:
+            total = tl.max(acc, axis=0)  # digit 0 of the first pass admits every key
+        digit = tl.maximum(tl.sum((acc >= target).to(tl.int32), axis=0) - 1, 0)
+        prefix = prefix | (digit.to(tl.uint32) << shift)
+    return key_to_float(prefix), total
+
+
+@triton.jit
+def mass_above(pool_x_ptr, pool_id_ptr, n_cand, inv_temp, max_score, low_score,
+               CAP: tl.constexpr, TILE: tl.constexpr):
+    """Sum of exp(s - max_score) over captured allowed scores >= low_score."""
+    acc = tl.zeros([TILE], tl.float32)
+    for t in range(0, CAP, TILE):
+        if t < n_cand:
+            s, _, _, ok = load_pool(pool_x_ptr, pool_id_ptr, t, n_cand, inv_temp, TILE)
+            ok = ok & (s > float("-inf")) & (s >= low_score)
+            acc += tl.where(ok, tl.exp(s - max_score), 0.0)
+    return tl.sum(acc, axis=0)
+
+
+@triton.jit
+def draw_pool(pool_x_ptr, pool_id_ptr, n_cand, inv_temp, low_score, key, CAP: tl.constexpr,
+              TILE: tl.constexpr):
+    """Gumbel-max over captured allowed finite scores >= low_score: (best s + g, its lowest id);
+    (-inf, 0) when there is none."""
+    best_z = tl.full((), float("-inf"), tl.float32)
+    best_id = tl.full((), 0, tl.int32)
+    for t in range(0, CAP, TILE):
+        if t < n_cand:
+            s, _, ids, ok = load_pool(pool_x_ptr, pool_id_ptr, t, n_cand, inv_temp, TILE)
+            ok = ok & (s > float("-inf")) & (s >= low_score)
+            z = tl.where(ok, s + rng.gumbel(key, ids), float("-inf"))
+            tile_z = tl.max(z, axis=0)
+            tile_id = tl.min(tl.where(ok & (z == tile_z), ids, 2147483647), axis=0)
+            better = (tile_z > best_z) | ((tile_z == best_z) & (tile_id < best_id))
+            better = better & (tile_z > float("-inf"))
+            best_id = tl.where(better, tile_id, best_id)
+            best_z = tl.where(better, tile_z, best_z)
+    return best_z, best_id
+
+
+@triton.jit
+def count_raw_above(pool_x_ptr, pool_id_ptr, n_cand, value, CAP: tl.constexpr, TILE: tl.constexpr):
+    """Captured tokens whose raw logit is strictly above `value`."""
+    acc = tl.zeros([TILE], tl.int32)
+    for t in range(0, CAP, TILE):
+        if t < n_cand:
+            _, x, _, _ = load_pool(pool_x_ptr, pool_id_ptr, t, n_cand, 1.0, TILE)
+            acc += (x > value).to(tl.int32)
+    return tl.sum(acc, axis=0)
+
+
+@triton.jit
+def _rank_keys(pool_x_ptr, pool_id_ptr, t, n_cand, TILE: tl.constexpr):
+    """64-bit keys of a pool tile ordering by raw logit, then lower id; 0 for dead entries."""
+    _, x, ids, _ = load_pool(pool_x_ptr, pool_id_ptr, t, n_cand, 1.0, TILE)
+    live = (t + tl.arange(0, TILE)) < n_cand
+    inverted = ids.to(tl.uint32) ^ 0xFFFFFFFF
+    return tl.where(live, (order_key(x).to(tl.uint64) << 32) | inverted.to(tl.uint64), 0), live
+
+
+@triton.jit
+def top_raw(pool_x_ptr, pool_id_ptr, n_cand, num, scratch_ptr, CAP: tl.constexpr,
+            TILE: tl.constexpr, K_P: tl.constexpr, RADIX_BITS: tl.constexpr):
+    """Top-`num` (<= K_P) captured tokens by raw logit, ties by lower id: sorted 64-bit keys
+    (value key, inverted id), 0 = empty. The keys are unique, so a radix search finds the
+    `num`-th largest exactly; the `num` keys at or above it are compacted into `scratch_ptr`
+    (K_P int64) and sorted."""
+    RADIX: tl.constexpr = 1 << RADIX_BITS
+    digits = tl.arange(0, RADIX).to(tl.uint64)
+    prefix = tl.full((), 0, tl.uint64)
+    for p in tl.static_range(64 // RADIX_BITS):
+        shift = 64 - RADIX_BITS * (p + 1)
+        cand = prefix | (digits << shift)  # [RADIX]
+        acc = tl.zeros([RADIX], tl.int32)
+        for t in range(0, CAP, TILE):
+            if t < n_cand:
+                keys, live = _rank_keys(pool_x_ptr, pool_id_ptr, t, n_cand, TILE)
+                hit = (keys[None, :] >= cand[:, None]) & live[None, :]
+                acc += tl.sum(hit.to(tl.int32), axis=1)
+        digit = tl.maximum(tl.sum((acc >= num).to(tl.int32), axis=0) - 1, 0)
+        prefix = prefix | (digit.to(tl.uint64) << shift)
+    filled = tl.full((), 0, tl.int32)
+    for t in range(0, CAP, TILE):
+        if t < n_cand:
+            keys, live = _rank_keys(pool_x_ptr, pool_id_ptr, t, n_cand, TILE)
+            take = live & (keys >= prefix)
+            pos = filled + tl.cumsum(take.to(tl.int32), axis=0) - 1
+            tl.store(scratch_ptr + pos, keys.to(tl.int64, bitcast=True),
+                     mask=take & (pos >= 0) & (pos < K_P))
+            filled += tl.sum(take.to(tl.int32), axis=0)
+    tl.debug_barrier()  # the stores above came from other threads of this program
+    at = tl.arange(0, K_P)
+    best = tl.load(scratch_ptr + at, mask=at < tl.minimum(filled, K_P), other=0)
+    return tl.sort(best.to(tl.uint64, bitcast=True), descending=True)
+
+
+@triton.jit
+def unpack_top(best, lse):
+    """Sorted keys of `top_raw` -> (ids, logprobs, raw logits); empty entries -1, -inf, -inf."""
+    empty = best == 0
+    ids = ((best & 0xFFFFFFFF).to(tl.uint32) ^ 0xFFFFFFFF).to(tl.int32, bitcast=True)
+    x = key_to_float((best >> 32).to(tl.uint32))
+    return tl.where(empty, -1, ids), tl.where(empty, float("-inf"), x - lse), \
+        tl.where(empty, float("-inf"), x)

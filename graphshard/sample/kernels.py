@@ -1,0 +1,532 @@
+"""Graph-safe sampling of a sub-batch of requests: split-vocabulary passes, then one program per
+request that assembles its record.
+
+Contract
+--------
+Request `j` owns logits rows `cu_num_logits[j] .. cu_num_logits[j+1]-1` (`m_j` rows, at most the
+layout's M; extra rows are ignored). The request count `n` is read from device memory; the grids
+are static bounds (`max_num_reqs`) and programs of requests `j >= n` exit at once, so one
+compiled set of kernels serves every batch size and padded requests cost nothing. Records past
+`n` are not touched.
+
+Per row, with the slot's parameters (`graphshard.sample.params.SlotTables`):
+- Only columns `< vocab_size` exist: padding columns are never read, sampled or reported.
+- Logits are read as fp32/bf16/fp16 and computed in fp32. NaN counts as -inf; `num_nans` is the
+  number of the request's rows with at least one NaN in the real vocabulary.
+- The grammar bitmask (bit `t % 32` of word `t // 32` of row `bitmask_rows[row]`) sets
+  disallowed tokens to -inf.
+- temperature 0: greedy, the argmax of the masked logits, lowest token id on ties; filters are
+  ignored.
+- temperature > 0: scores `s = logit * (1 / temperature)` in fp32, then in order top-k (keep
+  `s >=` the k-th largest `s`; off when `top_k <= 0` or `>= vocab_size`), top-p (keep the
+  smallest set of most probable tokens, probabilities normalised over the top-k survivors, whose
+  mass reaches `top_p`; ties at the threshold are kept; off when `top_p >= 1`), min-p (keep
+  `s >= s_max + log(min_p)`; off when `min_p <= 0`). The token is the Gumbel-max
+  `argmax_t s_t + g(seed, position, t)` over the kept tokens (`graphshard.sample.rng`: keyed by seed,
+  position and token id only), the position of row `k` being `seq_lens[j] + k`.
+- A row with no finite score samples token 0.
+
+Speculative decoding: every row is sampled; drafts (`draft_tokens[row]`, ignored on a request's
+last row) are accepted along the longest prefix of rows `0..m-2` whose sample equals the draft.
+`num_sampled = accepted + 1` (the last token is the correction or bonus token), `num_rejected =
+m - 1 - accepted`, tokens past `num_sampled` are -1. Without drafts nothing is accepted:
+`num_sampled = 1`, the sample of row 0.
+
+Logprobs (layout K > 0 and the slot's `num_logprobs > 0`), from the raw logits (fp32
+log-softmax over the real vocabulary, before bitmask, temperature and filters), for the rows
+`r < num_sampled`: top-K ids and logprobs (descending, ties by lower id), the sampled token's
+logprob and rank (1 + number of tokens with a strictly larger raw logit). Entries past the
+slot's `num_logprobs`, rows `r >= num_sampled` and slots without logprobs hold id -1, logprob
+-inf, sampled logprob -inf and rank 0.
+
+Results land in one packed int32 record per request (`graphshard.sample.records`).
+
+Execution
+---------
+The vocabulary is cut into chunks of CHUNK columns; every (row, chunk) pair is a program, so a
+single row spreads over many SMs. Two launches:
+1. `_scan_kernel`, grid `(max_num_reqs * M, SPLITS)`: each program reads its chunk once for the
+   greedy argmax, the NaN flag and (random rows that may need it) the unfiltered Gumbel-max
+   winner. Rows with filters or logprobs read it a second time (from L2) to capture their
+   candidates into the row's pool (`graphshard.sample.candidates`) and to sum the softmax masses.
+2. `_finish_kernel`, grid `(max_num_reqs,)`: settles each row (`graphshard.sample.resolve`):
+   the greedy and unfiltered tokens combine the chunks; top-k, top-p, min-p and the top-K
+   logprobs come from the pool whenever their thresholds lie above every chunk's capture floor,
+   which is checked, so an answer from the pool is exact. Rows the pool cannot settle
+   (adversarial rows: thousands of ties at a threshold, kept sets larger than the pool) take
+   whole-row passes of `graphshard.sample.rows` in this program; `SamplerWorkspace.paths`
+   counts them. Then it verifies drafts and writes the request's record.
+Greedy and unfiltered random rows are read once in total; CHUNK depends only on the
+vocabulary, not on the batch.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from graphshard.sample import rng
+from graphshard.runtime.launch import check_int32_vector, launch
+from graphshard.sample.params import SLOT_WIDTH, SlotTables
+from graphshard.sample.records import RecordLayout
+from graphshard.sample.resolve import load_part, settle_logprobs, settle_token, store_logprobs
+from graphshard.sample.rows import load_masked, scan_chunk, uses_filters
+from graphshard.sample.candidates import capture, chunk_floor, fold_lanes
+from graphshard.sample.workspace import (CHUNK_TOP, MAX_LOGPROBS, P_ARG_X, P_ARG_Z, P_FLOOR_R, P_FLOOR_S,
+                                          P_MAX_R, P_MAX_X, P_MAX_Z, P_NAN, P_SUM_R, P_SUM_S,
+                                          SamplerWorkspace, workspace_request, workspace_row)
+
+__all__ = ["SamplerWorkspace", "sample"]
+
+LOGITS_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
+# Launch option of both kernels: no fused multiply-add. A score `x * inv_temp` must round the
+# same wherever it is computed (the scan, the pool, the reference): fused into `x * inv_temp -
+# max` it keeps the product's rounding error, which at a temperature of 1e-30 is ~1e24.
+NO_FMA = dict(enable_fp_fusion=False)
+MAX_BLOCK_SIZE = 2048
+# Tile of the split scan: 1024 columns over 8 warps keep its per-lane state in ~74 registers
+# (three programs per SM); 2048 needed ~150.
+SCAN_BLOCK_SIZE = 1024
+# Tile of the whole-row paths: their wider per-token state would cost registers.
+SMALL_BLOCK_SIZE = 512
+POOL_TILE = 1024
+# Bits of a threshold decided per pass of a radix search: 16 candidates, 8 passes.
+RADIX_BITS = 4
+# Lane maxima a chunk folds its tiles into before picking its capture floor.
+FLOOR_LANES = 1024
+SLOT_ROW = tl.constexpr(SLOT_WIDTH)
+# Key digits a capture floor is resolved to: 16 bits (sign, exponent, 7 mantissa bits) put the
+# floor within 1% of the exact order statistic.
+FLOOR_PASSES = 4
+
+
+# --------------------------------------------------------------------------- shared set-up
+
+
+@triton.jit
+def _request(num_reqs_ptr, req_slots_ptr, cu_num_logits_ptr, seq_lens_ptr, req, M: tl.constexpr):
+    """(live, slot, first logits row, row count m <= M, seq_len) of request `req`."""
+    live = req < tl.load(num_reqs_ptr)
+    req = tl.where(live, req, 0)
+    first_row = tl.load(cu_num_logits_ptr + req)
+    m = tl.minimum(tl.load(cu_num_logits_ptr + req + 1) - first_row, M)
+    return live, tl.load(req_slots_ptr + req), first_row, m, tl.load(seq_lens_ptr + req)
+
+
+@triton.jit
+def _slot_params(slots_ptr, slot, VOCAB: tl.constexpr, K: tl.constexpr):
+    """One slot's row of the packed table -> (1 / temperature (1 when greedy), top_k, top_p,
+    min_p, seed_lo, seed_hi, logprobs wanted (<= K), random, filtered)."""
+    row = slots_ptr + slot * SLOT_ROW
+    temperature = tl.load(row).to(tl.float32, bitcast=True)
+    top_k = tl.load(row + 1)
+    top_p = tl.load(row + 2).to(tl.float32, bitcast=True)
+    min_p = tl.load(row + 3).to(tl.float32, bitcast=True)
+    num_logprobs = tl.minimum(tl.load(row + 6), K)
+    is_random = temperature > 0.0
+    inv_temp = 1.0 / tl.where(is_random, temperature, 1.0)
+    filtered = is_random & uses_filters(top_k, top_p, min_p, VOCAB)
+    return (inv_temp, top_k, top_p, min_p, tl.load(row + 4), tl.load(row + 5), num_logprobs,
+            is_random, filtered)
+
+
+@triton.jit
+def _bitmask_row(bitmask_ptr, bitmask_stride, bitmask_rows_ptr, bitmask_on_ptr, row,
+                 HAS_BITMASK: tl.constexpr, HAS_BITMASK_FLAG: tl.constexpr):
+    """(pointer to the row's bitmask words, whether the bitmask applies this step)."""
+    mask_on = True
+    if HAS_BITMASK_FLAG:
+        mask_on = tl.load(bitmask_on_ptr) != 0
+    mask_row_ptr = bitmask_ptr
+    if HAS_BITMASK:
+        mask_row_ptr = bitmask_ptr + tl.load(bitmask_rows_ptr + row).to(tl.int64) * bitmask_stride
+    return mask_row_ptr, mask_on
+
+
+# --------------------------------------------------------------------------- launch 1: scan
+
+
+# logits_stride stays specialised: the engine's logits buffer fixes it, and a stride divisible
+# by 16 lets the row loads vectorise. Nothing that varies per step is an int argument.
+@triton.jit(do_not_specialize=["bitmask_stride", "records_stride", "rows"])
+def _scan_kernel(
+    logits_ptr,  # [num_rows, padded_vocab] fp32/bf16/fp16
+    logits_stride,
+    num_reqs_ptr,  # [1] int32: n
+    req_slots_ptr,  # [>= n] int32
+    cu_num_logits_ptr,  # [>= n + 1] int32
+    seq_lens_ptr,  # [>= n] int32
+    bitmask_ptr,  # [num_bitmask_rows, ceil(vocab / 32)] int32 (HAS_BITMASK)
+    bitmask_stride,
+    bitmask_rows_ptr,  # [num_rows] int32 (HAS_BITMASK)
+    bitmask_on_ptr,  # [1] int32: 0 = this step has no bitmask (HAS_BITMASK_FLAG)
+    slots_ptr,  # [max_num_slots, SLOT_WIDTH] int32, packed SlotTables
+    ws_ptr,  # SamplerWorkspace.buffer
+    records_ptr,  # [>= n, width] int32 (_finish_kernel)
+    records_stride,
+    rows,  # rows of the workspace (max_num_reqs * M of its allocation)
+    VOCAB: tl.constexpr, M: tl.constexpr, K: tl.constexpr, CHUNK: tl.constexpr,
+    SPLITS: tl.constexpr, CAP: tl.constexpr, LANES: tl.constexpr,
+    TOP: tl.constexpr, BLOCK: tl.constexpr, HAS_BITMASK: tl.constexpr,
+    HAS_BITMASK_FLAG: tl.constexpr, FLOOR_PASSES: tl.constexpr, RADIX_BITS: tl.constexpr,
+):
+    row_id = tl.program_id(0)
+    r = row_id % M
+    live, slot, first_row, m, seq_len = _request(num_reqs_ptr, req_slots_ptr, cu_num_logits_ptr,
+                                                 seq_lens_ptr, row_id // M, M)
+    if live & (r < m):
+        split = tl.program_id(1)
+        row = first_row + r
+        (inv_temp, top_k, top_p, min_p, seed_lo, seed_hi, num_logprobs, is_random,
+         filtered) = _slot_params(slots_ptr, slot, VOCAB, K)
+        small_k = filtered & (top_k > 0) & (top_k <= TOP)
+        # The unfiltered winner: the draw of an unfiltered row, the candidate of a filtered one.
+        draw = is_random & ~small_k
+        # Capture targets per chunk: k for a small top-k, TOP for other filters and for the
+        # rank of a random token; the top-K logprobs otherwise.
+        need_s = tl.where(filtered, tl.where(small_k, top_k, TOP), 0)
+        need_r = tl.where(num_logprobs > 0,
+                          tl.where(small_k, tl.maximum(num_logprobs, top_k),
+                                   tl.where(is_random, TOP, num_logprobs)), 0)
+        mask_row_ptr, mask_on = _bitmask_row(bitmask_ptr, bitmask_stride, bitmask_rows_ptr,
+                                             bitmask_on_ptr, row, HAS_BITMASK, HAS_BITMASK_FLAG)
+        row_ptr = logits_ptr + row.to(tl.int64) * logits_stride
+        key = rng.row_key(seed_lo, seed_hi, seq_len + r)
+        lo = split * CHUNK
+        no_key = tl.full((), 0, tl.uint32)
+        if draw:
+            nan, max_x, arg_x, max_z, arg_z, lane_x, lane_r = scan_chunk(
+                row_ptr, mask_row_ptr, mask_on, lo, CHUNK, VOCAB, inv_temp, key, no_key,
+                float("-inf"), True, BLOCK, HAS_BITMASK)
+        else:
+            nan, max_x, arg_x, max_z, arg_z, lane_x, lane_r = scan_chunk(
+                row_ptr, mask_row_ptr, mask_on, lo, CHUNK, VOCAB, inv_temp, key, no_key,
+                float("-inf"), False, BLOCK, HAS_BITMASK)
+        max_r = tl.max(lane_r, axis=0)
+        part, fill, pool_x, pool_id, stats, top = workspace_row(ws_ptr, row_id, rows, SPLITS, CAP)
+        floor_s = tl.full((), float("inf"), tl.float32)
+        floor_r = tl.full((), float("inf"), tl.float32)
+        sum_s = tl.full((), 0.0, tl.float32)
+        sum_r = tl.full((), 0.0, tl.float32)
+        # A one-chunk vocabulary is settled by whole-row passes: nothing to capture.
+        if (SPLITS > 1) & ((need_s > 0) | (need_r > 0)):
+            separate = False
+            if HAS_BITMASK:
+                separate = mask_on
+            if separate:
+                floor_s = tl.where(need_s > 0, chunk_floor(fold_lanes(lane_x, BLOCK, LANES),
+                                                           need_s, LANES, FLOOR_PASSES,
+                                                           RADIX_BITS), float("inf"))
+                floor_r = tl.where(need_r > 0, chunk_floor(fold_lanes(lane_r, BLOCK, LANES),
+                                                           need_r, LANES, FLOOR_PASSES,
+                                                           RADIX_BITS), float("inf"))
+            else:
+                floor_s = chunk_floor(fold_lanes(lane_x, BLOCK, LANES),
+                                      tl.maximum(need_s, need_r), LANES, FLOOR_PASSES,
+                                      RADIX_BITS)
+                floor_r = floor_s
+            sum_s, sum_r = _sweep(row_ptr, mask_row_ptr, mask_on, lo, fill, pool_x, pool_id,
+                                  inv_temp, floor_s, floor_r, max_x * inv_temp, max_r,
+                                  filtered & (top_p < 1.0) & ~small_k, num_logprobs > 0, VOCAB,
+                                  CHUNK, CAP, BLOCK, HAS_BITMASK)
+        out = part + split
+        tl.store(out + P_NAN * SPLITS, nan)
+        tl.store(out + P_MAX_X * SPLITS, max_x.to(tl.int32, bitcast=True))
+        tl.store(out + P_ARG_X * SPLITS, arg_x)
+        tl.store(out + P_MAX_Z * SPLITS, max_z.to(tl.int32, bitcast=True))
+        tl.store(out + P_ARG_Z * SPLITS, arg_z)
+        tl.store(out + P_FLOOR_S * SPLITS, floor_s.to(tl.int32, bitcast=True))
+        tl.store(out + P_FLOOR_R * SPLITS, floor_r.to(tl.int32, bitcast=True))
+        tl.store(out + P_MAX_R * SPLITS, max_r.to(tl.int32, bitcast=True))
+        tl.store(out + P_SUM_R * SPLITS, sum_r.to(tl.int32, bitcast=True))
+        tl.store(out + P_SUM_S * SPLITS, sum_s.to(tl.int32, bitcast=True))
+
+
+@triton.jit
+def _sweep(row_ptr, mask_row_ptr, mask_on, lo, fill, pool_x, pool_id, inv_temp, floor_s, floor_r,
+           max_s, max_r, SUM_S, SUM_R, VOCAB: tl.constexpr, CHUNK: tl.constexpr,
+           CAP: tl.constexpr, BLOCK: tl.constexpr, HAS_BITMASK: tl.constexpr):
+    """Second pass over a chunk (from L2): capture the tokens at or above the floors into the
+    row's pool, and the softmax sums relative to the chunk maxima -> (sum_s, sum_r)."""
+    lanes = tl.arange(0, BLOCK)
+    acc_s = tl.zeros([BLOCK], tl.float32)
+    acc_r = tl.zeros([BLOCK], tl.float32)
+    for start in range(0, CHUNK, BLOCK):
+        offs = lo + start + lanes
+        x, is_nan, raw, allowed = load_masked(row_ptr, mask_row_ptr, mask_on, offs, VOCAB,
+                                              HAS_BITMASK)
+        finite = raw > float("-inf")
+        take = finite & ((allowed & (raw >= floor_s)) | (raw >= floor_r))
+        capture(pool_x, pool_id, fill, raw, allowed, offs, take, CAP)
+        if SUM_S:
+            acc_s += tl.where(x > float("-inf"), tl.exp(x * inv_temp - max_s), 0.0)
+        if SUM_R:
+            acc_r += tl.where(finite, tl.exp(raw - max_r), 0.0)
+    return tl.sum(acc_s, axis=0), tl.sum(acc_r, axis=0)
+
+
+# --------------------------------------------------------------------------- launch 2: records
+
+
+@triton.jit(do_not_specialize=["bitmask_stride", "records_stride", "rows"])
+def _finish_kernel(
+    logits_ptr, logits_stride, num_reqs_ptr, req_slots_ptr, cu_num_logits_ptr, seq_lens_ptr,
+    bitmask_ptr, bitmask_stride, bitmask_rows_ptr, bitmask_on_ptr, slots_ptr, ws_ptr,
+    records_ptr, records_stride, rows,  # as _scan_kernel
+    draft_ptr,  # [num_rows] int32 (HAS_DRAFTS)
+    VOCAB: tl.constexpr, M: tl.constexpr, M_P: tl.constexpr, K: tl.constexpr,
+    K_P: tl.constexpr, SPLITS: tl.constexpr, SPLITS_P: tl.constexpr,
+    CAP: tl.constexpr, TILE: tl.constexpr, TOP: tl.constexpr, HAS_DRAFTS: tl.constexpr,
+    HAS_BITMASK: tl.constexpr, HAS_BITMASK_FLAG: tl.constexpr, BLOCK: tl.constexpr,
+    SMALL_BLOCK: tl.constexpr, RADIX_BITS: tl.constexpr,
+):
+    row_id = tl.program_id(0)
+    req = row_id // M
+    r = row_id % M
+    live, slot, first_row, m, seq_len = _request(num_reqs_ptr, req_slots_ptr, cu_num_logits_ptr,
+                                                 seq_lens_ptr, req, M)
+    if live & (r < m):
+        (inv_temp, top_k, top_p, min_p, seed_lo, seed_hi, num_logprobs, is_random,
+         filtered) = _slot_params(slots_ptr, slot, VOCAB, K)
+        row = first_row + r
+        part, fill, pool_x, pool_id, stats, top = workspace_row(ws_ptr, row_id, rows, SPLITS, CAP)
+        n_pool = tl.load(fill, cache_modifier=".cg")
+        # Every thread reads the count before any resets it (each thread loads it itself).
+        tl.debug_barrier()
+        tl.store(fill, 0)  # the next launch captures into an empty pool
+        mask_row_ptr, mask_on = _bitmask_row(bitmask_ptr, bitmask_stride, bitmask_rows_ptr,
+                                             bitmask_on_ptr, row, HAS_BITMASK, HAS_BITMASK_FLAG)
+        row_ptr = logits_ptr + row.to(tl.int64) * logits_stride
+        token = settle_token(part, n_pool, pool_x, pool_id, stats, row_ptr, mask_row_ptr, mask_on,
+                             rng.row_key(seed_lo, seed_hi, seq_len + r), inv_temp, top_k, top_p,
+                             min_p, is_random, filtered, filtered & (top_k > 0) & (top_k <= TOP),
+                             VOCAB, SPLITS, SPLITS_P, CAP, TILE, BLOCK, SMALL_BLOCK, HAS_BITMASK,
+                             RADIX_BITS)
+        rec_ptr = records_ptr + req.to(tl.int64) * records_stride
+        if K > 0:
+            if num_logprobs > 0:
+                settle_logprobs(part, n_pool, pool_x, pool_id, stats, top, rec_ptr, row_ptr, r,
+                                token, num_logprobs, VOCAB, M, K, K_P, SPLITS, SPLITS_P, CAP,
+                                TILE, BLOCK, SMALL_BLOCK, RADIX_BITS)
+        if M == 1:
+            _assemble(rec_ptr, token, tl.max(load_part(part, P_NAN, SPLITS, SPLITS_P, 0, False),
+                                             axis=0), 0, num_logprobs, M, K, K_P)
+        else:
+            # The request's rows settle in parallel; the last to finish verifies the drafts.
+            tokens, arrivals = workspace_request(ws_ptr, req, M, rows, SPLITS, CAP)
+            tl.store(tokens + r, token)
+            if _arrive(arrivals, m):
+                _assemble_drafts(rec_ptr, tokens, ws_ptr, req, first_row, m, draft_ptr,
+                                 num_logprobs, M, M_P, K, K_P, SPLITS, SPLITS_P, rows, CAP,
+                                 HAS_DRAFTS)
+
+
+@triton.jit
+def _arrive(counter_ptr, count):
+    """Count this program in; True for the last of `count` programs, which then sees every
+    other program's stores (release/acquire at GPU scope) and resets the counter."""
+    tl.debug_barrier()
+    last = tl.atomic_add(counter_ptr, 1, sem="acq_rel", scope="gpu") == count - 1
+    if last:
+        tl.store(counter_ptr, 0)
+    tl.debug_barrier()
+    return last
+
+
+@triton.jit
+def _assemble(rec_ptr, token, num_nans, accepted, num_logprobs, M: tl.constexpr, K: tl.constexpr,
+              K_P: tl.constexpr):
+    """A one-row request's record: its token, 1 sampled, 0 rejected, its NaN count."""
+    tl.store(rec_ptr, token)
+    tl.store(rec_ptr + M, accepted + 1)
+    tl.store(rec_ptr + M + 1, 0)
+    tl.store(rec_ptr + M + 2, num_nans)
+    if K > 0:
+        if num_logprobs == 0:
+            _blank_logprobs(rec_ptr, 0, M, K, K_P)
+
+
+@triton.jit
+def _assemble_drafts(rec_ptr, tokens, ws_ptr, req, first_row, m, draft_ptr, num_logprobs,
+                     M: tl.constexpr, M_P: tl.constexpr, K: tl.constexpr, K_P: tl.constexpr,
+                     SPLITS: tl.constexpr, SPLITS_P: tl.constexpr, rows,
+                     CAP: tl.constexpr, HAS_DRAFTS: tl.constexpr):
+    """A request's record from its rows' tokens: drafts accepted along the longest matching
+    prefix (the first mismatch is the correction token), tokens past it -1, logprobs blank."""
+    at = tl.arange(0, M_P)
+    samples = tl.load(tokens + at, mask=at < m, other=-1, cache_modifier=".cg")
+    drafts = tl.full([M_P], -1, tl.int32)
+    if HAS_DRAFTS:
+        drafts = tl.load(draft_ptr + first_row + at, mask=at < m - 1, other=-1)
+    reject = (at < m - 1) & (samples != drafts)
+    accepted = tl.min(tl.where(reject, at, m - 1), axis=0)
+    num_nans = 0
+    for r in range(0, M):
+        if r < m:
+            part = workspace_row(ws_ptr, req * M + r, rows, SPLITS, CAP)[0]
+            num_nans += tl.max(load_part(part, P_NAN, SPLITS, SPLITS_P, 0, False), axis=0)
+    tl.store(rec_ptr + at, tl.where(at <= accepted, samples, -1), mask=at < M)
+    tl.store(rec_ptr + M, accepted + 1)
+    tl.store(rec_ptr + M + 1, m - 1 - accepted)
+    tl.store(rec_ptr + M + 2, num_nans)
+    if K > 0:
+        for r in range(0, M):
+            # Rows up to `accepted` hold their logprobs (written when the slot wants them).
+            if (r > accepted) | (num_logprobs == 0):
+                _blank_logprobs(rec_ptr, r, M, K, K_P)
+
+
+@triton.jit
+def _blank_logprobs(rec_ptr, r, M: tl.constexpr, K: tl.constexpr, K_P: tl.constexpr):
+    empty = tl.full([K_P], -1, tl.int32)
+    store_logprobs(rec_ptr, r, empty, empty.to(tl.float32),
+                   tl.full((), float("-inf"), tl.float32), tl.full((), 0, tl.int32), 0, M, K, K_P)
+
+
+# --------------------------------------------------------------------------- host side
+
+
+def _check_tables(tables: SlotTables, device: torch.device) -> None:
+    if not isinstance(tables, SlotTables):
+        raise TypeError(f"tables must be a SlotTables, got {type(tables).__name__}")
+    if tables.packed.device != device:
+        raise ValueError(f"tables are on {tables.packed.device}, logits on {device}")
+    if not tables.packed.is_contiguous():
+        raise ValueError("tables.packed must be contiguous")
+
+
+def _check_workspace(workspace: SamplerWorkspace, vocab_size: int, layout: RecordLayout,
+                     max_num_reqs: int, device: torch.device) -> None:
+    if not isinstance(workspace, SamplerWorkspace):
+        raise TypeError(f"workspace must be a SamplerWorkspace, got {type(workspace).__name__}")
+    if workspace.buffer.device != device:
+        raise ValueError(f"workspace is on {workspace.buffer.device}, logits on {device}")
+    if workspace.vocab_size != vocab_size:
+        raise ValueError(f"workspace was allocated for vocab_size {workspace.vocab_size}, "
+                         f"got {vocab_size}")
+    if workspace.max_num_logits_per_req != layout.max_num_logits_per_req:
+        raise ValueError(f"workspace was allocated for {workspace.max_num_logits_per_req} logits "
+                         f"rows per request, the layout has {layout.max_num_logits_per_req}")
+    if workspace.max_num_reqs < max_num_reqs:
+        raise ValueError(f"workspace holds {workspace.max_num_reqs} requests, "
+                         f"max_num_reqs is {max_num_reqs}")
+
+
+def _check_bitmask(bitmask, bitmask_rows, bitmask_enabled, vocab_size, num_rows, device) -> None:
+    if (bitmask is None) != (bitmask_rows is None):
+        raise ValueError("bitmask and bitmask_rows go together: pass both or neither")
+    if bitmask is not None:
+        words = -(-vocab_size // 32)
+        if not isinstance(bitmask, torch.Tensor) or bitmask.dtype != torch.int32:
+            raise TypeError(f"bitmask must be an int32 tensor, got "
+                            f"{getattr(bitmask, 'dtype', type(bitmask).__name__)}")
+        if bitmask.device != device:
+            raise ValueError(f"bitmask is on {bitmask.device}, logits on {device}")
+        if bitmask.dim() != 2 or bitmask.shape[1] < words or bitmask.stride(1) != 1:
+            raise ValueError(f"bitmask must be [rows, >= {words}] with a contiguous last dim, "
+                             f"got shape {tuple(bitmask.shape)} strides {bitmask.stride()}")
+        check_int32_vector("bitmask_rows", bitmask_rows, num_rows, device, where="logits")
+    if bitmask_enabled is not None:
+        if bitmask is None:
+            raise ValueError("bitmask_enabled needs a bitmask")
+        check_int32_vector("bitmask_enabled", bitmask_enabled, 1, device, where="logits")
+
+
+def _check_records(records, layout: RecordLayout, max_num_reqs: int, device) -> None:
+    if not isinstance(records, torch.Tensor) or records.dtype != torch.int32:
+        raise TypeError(f"records must be an int32 tensor, got "
+                        f"{getattr(records, 'dtype', type(records).__name__)}")
+    if records.device != device:
+        raise ValueError(f"records is on {records.device}, logits on {device}")
+    if records.dim() != 2 or records.shape[1] != layout.width or records.shape[0] < max_num_reqs \
+            or records.stride(1) != 1:
+        raise ValueError(f"records must be [>= {max_num_reqs}, {layout.width}] with a contiguous "
+                         f"last dim, got shape {tuple(records.shape)} strides {records.stride()}")
+
+
+def _block_size(vocab_size: int, k_p: int, block_size: int | None) -> int:
+    if block_size is None:
+        block_size = min(MAX_BLOCK_SIZE, triton.next_power_of_2(vocab_size))
+    if block_size < 1 or block_size & (block_size - 1):
+        raise ValueError(f"block_size must be a power of two, got {block_size}")
+    # The running top-K merge takes a tile's top K_P, so a tile holds at least K_P tokens.
+    return max(block_size, k_p, 16)
+
+
+def sample(logits: torch.Tensor, *, vocab_size: int, num_reqs: torch.Tensor,
+           req_slots: torch.Tensor, cu_num_logits: torch.Tensor, seq_lens: torch.Tensor,
+           tables: SlotTables, layout: RecordLayout, records: torch.Tensor, max_num_reqs: int,
+           draft_tokens: torch.Tensor | None = None, bitmask: torch.Tensor | None = None,
+           bitmask_rows: torch.Tensor | None = None, bitmask_enabled: torch.Tensor | None = None,
+           workspace: SamplerWorkspace | None = None, block_size: int | None = None) -> None:
+    """Sample every request of a sub-batch into `records` [>= max_num_reqs, layout.width].
+
+    `num_reqs` [1] int32 holds n on the device; `max_num_reqs` is the static grid bound. With a
+    preallocated `workspace` (`SamplerWorkspace.allocate`) it never syncs with the host and
+    allocates nothing, so it can run inside a captured graph; without one it allocates a
+    workspace per call (eager use only). `block_size` (power of two) overrides the vocab tile."""
+    if not isinstance(logits, torch.Tensor):
+        raise TypeError(f"logits must be a torch.Tensor, got {type(logits).__name__}")
+    if logits.dtype not in LOGITS_DTYPES:
+        raise TypeError(f"logits must be float32, bfloat16 or float16, got {logits.dtype}")
+    if logits.dim() != 2 or (logits.shape[1] > 1 and logits.stride(1) != 1):
+        raise ValueError(f"logits must be 2-D [rows, padded_vocab] with a contiguous last dim, "
+                         f"got shape {tuple(logits.shape)} strides {logits.stride()}")
+    if isinstance(vocab_size, bool) or not isinstance(vocab_size, int) \
+            or not (1 <= vocab_size <= logits.shape[1]):
+        raise ValueError(f"vocab_size must be an int in [1, {logits.shape[1]}], got {vocab_size!r}")
+    if isinstance(max_num_reqs, bool) or not isinstance(max_num_reqs, int) or max_num_reqs < 0:
+        raise ValueError(f"max_num_reqs must be an int >= 0, got {max_num_reqs!r}")
+    if not isinstance(layout, RecordLayout):
+        raise TypeError(f"layout must be a RecordLayout, got {type(layout).__name__}")
+    device = logits.device
+    num_rows = logits.shape[0]
+    check_int32_vector("num_reqs", num_reqs, 1, device, where="logits")
+    check_int32_vector("req_slots", req_slots, max_num_reqs, device, where="logits")
+    check_int32_vector("cu_num_logits", cu_num_logits, max_num_reqs + 1, device, where="logits")
+    check_int32_vector("seq_lens", seq_lens, max_num_reqs, device, where="logits")
+    _check_tables(tables, device)
+    _check_records(records, layout, max_num_reqs, device)
+    if draft_tokens is not None:
+        check_int32_vector("draft_tokens", draft_tokens, num_rows, device, where="logits")
+    _check_bitmask(bitmask, bitmask_rows, bitmask_enabled, vocab_size, num_rows, device)
+    m, k = layout.max_num_logits_per_req, layout.num_logprobs
+    # tl.topk needs at least 2 entries.
+    k_p = max(triton.next_power_of_2(k), 2)
+    if k > MAX_LOGPROBS.value:
+        raise ValueError(f"layout.num_logprobs must be <= {MAX_LOGPROBS.value}, got {k}")
+    block = _block_size(vocab_size, k_p, block_size)
+    if workspace is None:
+        workspace = SamplerWorkspace.allocate(max_num_reqs, m, vocab_size, device)
+    _check_workspace(workspace, vocab_size, layout, max_num_reqs, device)
+    if max_num_reqs == 0:
+        return
+
+    chunk, splits, cap = workspace.chunk_size, workspace.num_splits, workspace.pool_size
+    # Powers of two: the scan's tile divides its chunk.
+    chunk_block = min(block, chunk, SCAN_BLOCK_SIZE)
+    lanes = min(FLOOR_LANES, chunk_block)
+    dummy = cu_num_logits  # stands in for absent optional pointers; never read
+    common = (logits, logits.stride(0), num_reqs, req_slots, cu_num_logits, seq_lens,
+              bitmask if bitmask is not None else dummy,
+              bitmask.stride(0) if bitmask is not None else 0,
+              bitmask_rows if bitmask_rows is not None else dummy,
+              bitmask_enabled if bitmask_enabled is not None else dummy,
+              tables.packed, workspace.buffer, records, records.stride(0),
+              workspace.max_num_reqs * m)
+    flags = dict(HAS_BITMASK=bitmask is not None, HAS_BITMASK_FLAG=bitmask_enabled is not None)
+    tile = max(min(POOL_TILE, cap), k_p)
+    top = min(CHUNK_TOP, lanes)
+    launch(_scan_kernel, (max_num_reqs * m, splits), *common,
+           VOCAB=vocab_size, M=m, K=k, CHUNK=chunk, SPLITS=splits, CAP=cap,
+           LANES=lanes, TOP=top, BLOCK=chunk_block, **flags, FLOOR_PASSES=FLOOR_PASSES,
+           RADIX_BITS=RADIX_BITS, num_warps=8 if chunk_block >= 1024 else 4,
+           **NO_FMA)
+    launch(_finish_kernel, (max_num_reqs * m,), *common,
+           draft_tokens if draft_tokens is not None else dummy,
+           VOCAB=vocab_size, M=m, M_P=triton.next_power_of_2(m), K=k, K_P=k_p, SPLITS=splits,
+           SPLITS_P=max(triton.next_power_of_2(splits), 2), CAP=cap, TILE=tile,
+           TOP=top, HAS_DRAFTS=draft_tokens is not None, **flags, BLOCK=chunk_block,
+           SMALL_BLOCK=min(block, SMALL_BLOCK_SIZE), RADIX_BITS=RADIX_BITS,
+           num_warps=8 if chunk_block >= 1024 else 4, **NO_FMA)

@@ -1,0 +1,237 @@
+"""Triton device functions that settle one row from its chunks' results and its candidate pool
+(`candidates`), falling back to whole-row passes (`rows`) only when the pool
+cannot prove its answer. Called by the sampler's per-request kernel.
+
+Partials are read with `.cg` loads: they were written by the previous launch from other SMs.
+"""
+
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+from graphshard.sample.rows import draw_filtered, load_masked, logprob_row
+from graphshard.sample.candidates import (count_raw_above, draw_pool, floor_score, mass_above,
+                                       search_pool, top_raw, unpack_top)
+from graphshard.sample.workspace import (P_ARG_X, P_ARG_Z, P_FLOOR_R, P_FLOOR_S, P_MAX_R,
+                                          P_MAX_X, P_MAX_Z, P_NAN, P_SUM_R, P_SUM_S, STAT_COUNTS,
+                                          STAT_DRAWS, STAT_LOGPROBS)
+
+
+@triton.jit
+def load_part(part_ptr, FIELD: tl.constexpr, SPLITS: tl.constexpr, SPLITS_P: tl.constexpr, other,
+              AS_FLOAT: tl.constexpr):
+    """One field of every chunk [SPLITS_P]; padding entries are `other`."""
+    splits = tl.arange(0, SPLITS_P)
+    vals = tl.load(part_ptr + FIELD * SPLITS + splits, mask=splits < SPLITS, other=0,
+                   cache_modifier=".cg")
+    if AS_FLOAT:
+        return tl.where(splits < SPLITS, vals.to(tl.float32, bitcast=True), other)
+    return tl.where(splits < SPLITS, vals, other)
+
+
+@triton.jit
+def combine_max(part_ptr, VAL: tl.constexpr, ARG: tl.constexpr, SPLITS: tl.constexpr,
+                SPLITS_P: tl.constexpr):
+    """(max, lowest id at it) of a row from its chunks' (max, lowest id at the chunk max) pairs:
+    exactly the one-pass result (a chunk without finite values reports (-inf, 0))."""
+    vals = load_part(part_ptr, VAL, SPLITS, SPLITS_P, float("-inf"), True)
+    ids = load_part(part_ptr, ARG, SPLITS, SPLITS_P, 2147483647, False)
+    best = tl.max(vals, axis=0)
+    return best, tl.min(tl.where(vals == best, ids, 2147483647), axis=0)
+
+
+@triton.jit
+def softmax_mass(part_ptr, MAX: tl.constexpr, SUM: tl.constexpr, row_max, scale,
+                 SPLITS: tl.constexpr, SPLITS_P: tl.constexpr):
+    """sum over chunks of sum exp(v - row_max), from each chunk's max m_c (times `scale`) and
+    its sum exp(v - m_c * scale)."""
+    maxes = load_part(part_ptr, MAX, SPLITS, SPLITS_P, float("-inf"), True) * scale
+    sums = load_part(part_ptr, SUM, SPLITS, SPLITS_P, 0.0, True)
+    return tl.sum(tl.where(maxes > float("-inf"), sums * tl.exp(maxes - row_max), 0.0), axis=0)
+
+
+@triton.jit
+def count_row(row_ptr, mask_row_ptr, mask_on, VOCAB: tl.constexpr, inv_temp, v_s, max_s, v_r,
+              BLOCK: tl.constexpr, HAS_BITMASK: tl.constexpr):
+    """Whole-row counts: allowed finite scores above v_s, their sum exp(s - max_s), and raw
+    logits above v_r."""
+    lanes = tl.arange(0, BLOCK)
+    cnt_s = tl.zeros([BLOCK], tl.int32)
+    mass_s = tl.zeros([BLOCK], tl.float32)
+    cnt_r = tl.zeros([BLOCK], tl.int32)
+    for start in range(0, VOCAB, BLOCK):
+        offs = start + lanes
+        x, is_nan, raw, allowed = load_masked(row_ptr, mask_row_ptr, mask_on, offs, VOCAB,
+                                              HAS_BITMASK)
+        s = x * inv_temp
+        above = (x > float("-inf")) & (s > v_s)
+        cnt_s += above.to(tl.int32)
+        mass_s += tl.where(above, tl.exp(s - max_s), 0.0)
+        cnt_r += (raw > v_r).to(tl.int32)
+    return tl.sum(cnt_s, axis=0), tl.sum(mass_s, axis=0), tl.sum(cnt_r, axis=0)
+
+
+@triton.jit
+def _token_index(token, VOCAB: tl.constexpr):
+    """A token id used as an address, kept inside the row whatever the value (every path
+    yields ids in [0, VOCAB); this guards the loads should one not)."""
+    return tl.minimum(tl.maximum(token, 0), VOCAB - 1)
+
+
+@triton.jit
+def store_logprobs(rec_ptr, r, ids, vals, token_logprob, rank, num, M: tl.constexpr,
+                   K: tl.constexpr, K_P: tl.constexpr):
+    """Row r's logprob fields of a record; entries past `num` are empty."""
+    at = tl.arange(0, K_P)
+    keep = at < num
+    out = rec_ptr + M + 3 + r * K + at
+    tl.store(out, tl.where(keep, ids, -1), mask=at < K)
+    vals = tl.where(keep, vals, float("-inf"))
+    tl.store(out + M * K, vals.to(tl.int32, bitcast=True), mask=at < K)
+    tl.store(rec_ptr + M + 3 + 2 * M * K + r, token_logprob.to(tl.int32, bitcast=True))
+    tl.store(rec_ptr + M + 3 + 2 * M * K + M + r, rank)
+
+
+@triton.jit
+def settle_token(part, n_pool, pool_x, pool_id, stats, row_ptr, mask_row_ptr, mask_on, key,
+                 inv_temp, top_k, top_p, min_p, is_random, filtered, small_k,
+                 VOCAB: tl.constexpr, SPLITS: tl.constexpr, SPLITS_P: tl.constexpr,
+                 CAP: tl.constexpr, TILE: tl.constexpr, BLOCK: tl.constexpr,
+                 SMALL_BLOCK: tl.constexpr, HAS_BITMASK: tl.constexpr, RADIX_BITS: tl.constexpr):
+    """The row's token: greedy argmax, unfiltered Gumbel winner, or the filtered draw."""
+    max_x, token = combine_max(part, P_MAX_X, P_ARG_X, SPLITS, SPLITS_P)
+    if is_random:
+        # Without a finite score every chunk reports (-inf, 0): the winner is token 0.
+        w0 = combine_max(part, P_MAX_Z, P_ARG_Z, SPLITS, SPLITS_P)[1]
+        token = w0
+        max_s = max_x * inv_temp
+        if SPLITS == 1:
+            # A one-chunk vocabulary is one program's work whatever the path: no pool.
+            if filtered & (max_x > float("-inf")):
+                token = draw_filtered(row_ptr, mask_row_ptr, mask_on, VOCAB, key, inv_temp, max_x,
+                                      top_k, top_p, min_p, BLOCK, SMALL_BLOCK, HAS_BITMASK,
+                                      RADIX_BITS)
+        elif filtered & (max_x > float("-inf")):
+            floor_x = tl.max(load_part(part, P_FLOOR_S, SPLITS, SPLITS_P, float("-inf"), True),
+                             axis=0)
+            norm = softmax_mass(part, P_MAX_X, P_SUM_S, max_s, inv_temp, SPLITS, SPLITS_P)
+            drawn, token, t_m, k_ok = draw_from_pool(pool_x, pool_id, n_pool, floor_x, norm, w0,
+                                                     key, inv_temp, max_s, top_k, top_p, min_p,
+                                                     VOCAB, CAP, TILE, RADIX_BITS)
+            whole_row = ~drawn
+            if whole_row & ~small_k:
+                # The unfiltered winner (computed for these rows) is the answer exactly when it
+                # survives the filters: fewer than k tokens and less than top_p of the mass lie
+                # above it (the norm must not hang on an unsettled top-k), and min-p keeps it.
+                v_s = tl.load(row_ptr + _token_index(w0, VOCAB)).to(tl.float32) * inv_temp
+                if ((min_p <= 0.0) | (v_s >= t_m)) & (k_ok | (top_p >= 1.0)):
+                    above, mass, _r = count_row(row_ptr, mask_row_ptr, mask_on, VOCAB, inv_temp,
+                                                v_s, max_s, float("inf"), BLOCK, HAS_BITMASK)
+                    tl.atomic_add(stats + STAT_COUNTS, 1, sem="relaxed")
+                    use_top_k = (top_k > 0) & (top_k < VOCAB)
+                    whole_row = ~((~use_top_k | (above < top_k))
+                                  & ((top_p >= 1.0) | (mass < top_p * norm)))
+            if whole_row:
+                token = draw_filtered(row_ptr, mask_row_ptr, mask_on, VOCAB, key, inv_temp, max_x,
+                                      top_k, top_p, min_p, BLOCK, SMALL_BLOCK, HAS_BITMASK,
+                                      RADIX_BITS)
+                tl.atomic_add(stats + STAT_DRAWS, 1, sem="relaxed")
+    return token
+
+
+@triton.jit
+def draw_from_pool(pool_x, pool_id, n_pool, floor_x, norm, w0, key, inv_temp, max_s, top_k,
+                   top_p, min_p, VOCAB: tl.constexpr, CAP: tl.constexpr, TILE: tl.constexpr,
+                   RADIX_BITS: tl.constexpr):
+    """Filtered Gumbel-max draw from the pool when every kept token is in it -> (drawn, token,
+    min-p threshold, top-k settled). `floor_x` is the largest chunk floor, `norm` the row's
+    total mass exp(s - max_s) (the top-p norm without top-k)."""
+    n_cand = tl.maximum(tl.minimum(n_pool, CAP), 0)
+    whole = n_pool <= CAP  # every capture reached the pool
+    below = floor_score(floor_x, inv_temp)  # the best score an uncaptured token can have
+    all_in = whole & (floor_x == float("-inf"))  # every finite allowed token was captured
+    use_top_k = (top_k > 0) & (top_k < VOCAB)
+    use_top_p = top_p < 1.0
+    thr = tl.full((), float("-inf"), tl.float32)
+    k_ok = n_cand >= 0  # top-k settled (trivially when off)
+    if use_top_k:
+        t_k, found = search_pool(pool_x, pool_id, n_cand, inv_temp, max_s, float("-inf"),
+                                 top_k.to(tl.float32), False, CAP, TILE, RADIX_BITS)
+        enough = found >= top_k.to(tl.float32)
+        # With fewer than k finite tokens top-k keeps them all.
+        k_ok = whole & tl.where(enough, t_k > below, all_in)
+        thr = tl.where(enough, t_k, float("-inf"))
+        if use_top_p:
+            norm = mass_above(pool_x, pool_id, n_cand, inv_temp, max_s, thr, CAP, TILE)
+    ok = k_ok
+    if use_top_p & k_ok:
+        t_p = search_pool(pool_x, pool_id, n_cand, inv_temp, max_s, thr, top_p * norm, True,
+                          CAP, TILE, RADIX_BITS)[0]
+        ok = t_p > below
+        thr = tl.maximum(thr, t_p)
+    t_m = max_s + tl.log(tl.where(min_p > 0.0, min_p, 1.0))
+    thr = tl.where(min_p > 0.0, tl.maximum(thr, t_m), thr)
+    ok = ok & whole & ((thr > below) | all_in)
+    token = w0
+    if ok:
+        token = draw_pool(pool_x, pool_id, n_cand, inv_temp, thr, key, CAP, TILE)[1]
+    return ok, token, t_m, k_ok
+
+
+@triton.jit
+def settle_logprobs(part, n_pool, pool_x, pool_id, stats, top, rec_ptr, row_ptr, r, token, num,
+                    VOCAB: tl.constexpr, M: tl.constexpr, K: tl.constexpr, K_P: tl.constexpr,
+                    SPLITS: tl.constexpr, SPLITS_P: tl.constexpr, CAP: tl.constexpr,
+                    TILE: tl.constexpr, BLOCK: tl.constexpr, SMALL_BLOCK: tl.constexpr,
+                    RADIX_BITS: tl.constexpr):
+    """Row r's logprob fields: the top-K list and the token's logprob from the pool when it
+    holds every token they need, its rank when the token lies above every floor; whole-row
+    passes for what the pool cannot prove."""
+    if SPLITS == 1:
+        ids, vals, token_logprob, rank = logprob_row(row_ptr, VOCAB, token, SMALL_BLOCK, K_P)
+        store_logprobs(rec_ptr, r, ids, vals, token_logprob, rank, num, M, K, K_P)
+    else:
+        _settle_logprobs_from_pool(part, n_pool, pool_x, pool_id, stats, top, rec_ptr, row_ptr,
+                                   r, token, num, VOCAB, M, K, K_P, SPLITS, SPLITS_P, CAP, TILE,
+                                   BLOCK, SMALL_BLOCK, RADIX_BITS)
+
+
+@triton.jit
+def _settle_logprobs_from_pool(part, n_pool, pool_x, pool_id, stats, top, rec_ptr, row_ptr, r,
+                               token, num, VOCAB: tl.constexpr, M: tl.constexpr,
+                               K: tl.constexpr, K_P: tl.constexpr, SPLITS: tl.constexpr,
+                               SPLITS_P: tl.constexpr, CAP: tl.constexpr, TILE: tl.constexpr,
+                               BLOCK: tl.constexpr, SMALL_BLOCK: tl.constexpr,
+                               RADIX_BITS: tl.constexpr):
+    n_cand = tl.maximum(tl.minimum(n_pool, CAP), 0)
+    whole = n_pool <= CAP
+    max_r = tl.max(load_part(part, P_MAX_R, SPLITS, SPLITS_P, float("-inf"), True), axis=0)
+    total = softmax_mass(part, P_MAX_R, P_SUM_R, max_r, 1.0, SPLITS, SPLITS_P)
+    lse = tl.where(max_r == float("-inf"), 0.0, max_r + tl.log(total))
+    floor_r = tl.max(load_part(part, P_FLOOR_R, SPLITS, SPLITS_P, float("-inf"), True), axis=0)
+    ids, vals, xs = unpack_top(top_raw(pool_x, pool_id, n_cand, num, top, CAP, TILE, K_P,
+                                       RADIX_BITS), lse)
+    at = tl.arange(0, K_P)
+    last_x = tl.max(tl.where(at == num - 1, xs, float("-inf")), axis=0)
+    # The list is exact when its last needed entry is finite and at or above every floor.
+    list_ok = whole & (last_x > float("-inf")) & (last_x >= floor_r)
+    tok_x = tl.load(row_ptr + _token_index(token, VOCAB)).to(tl.float32)
+    tok_x = tl.where(tok_x != tok_x, float("-inf"), tok_x)
+    if list_ok:
+        if whole & (tok_x >= floor_r):
+            rank = 1 + count_raw_above(pool_x, pool_id, n_cand, tok_x, CAP, TILE)
+        else:
+            rank = 1 + count_row(row_ptr, row_ptr, False, VOCAB, 1.0, float("inf"), 0.0, tok_x,
+                                 BLOCK, False)[2]
+            tl.atomic_add(stats + STAT_COUNTS, 1, sem="relaxed")
+        store_logprobs(rec_ptr, r, ids, vals, tok_x - lse, rank, num, M, K, K_P)
+    else:
+        ids, vals, token_logprob, rank = logprob_row(row_ptr, VOCAB, token, SMALL_BLOCK, K_P)
+        store_logprobs(rec_ptr, r, ids, vals, token_logprob, rank, num, M, K, K_P)
+        tl.atomic_add(stats + STAT_LOGPROBS, 1, sem="relaxed")
+
+
+@triton.jit
+def has_nan(part, SPLITS: tl.constexpr, SPLITS_P: tl.constexpr):
+    return tl.max(load_part(part, P_NAN, SPLITS, SPLITS_P, 0, False), axis=0)

@@ -1,0 +1,223 @@
+"""Triton device functions over one logits row, or one vocabulary chunk of it, for the sampler.
+
+`graphshard.sample.kernels` holds the contract and the two kernels that call these: a split pass
+(`scan_chunk` over one chunk per program) and a per-request pass (threshold searches, filtered
+draws and logprobs over whole rows). Every function computes in fp32 and treats NaN as -inf.
+"""
+
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+from graphshard.sample import rng
+
+
+@triton.jit
+def order_key(x):
+    """fp32 -> uint32 with the same order, so a float threshold can be searched bit by bit."""
+    b = x.to(tl.uint32, bitcast=True)
+    return tl.where((b >> 31) != 0, b ^ 0xFFFFFFFF, b | 0x80000000)
+
+
+@triton.jit
+def key_to_float(k):
+    b = tl.where((k >> 31) != 0, k ^ 0x80000000, k ^ 0xFFFFFFFF)
+    return b.to(tl.float32, bitcast=True)
+
+
+@triton.jit
+def uses_filters(top_k, top_p, min_p, VOCAB: tl.constexpr):
+    """Whether any of top-k, top-p, min-p is on: such rows need whole-row passes."""
+    use_top_k = (top_k > 0) & (top_k < VOCAB)
+    return use_top_k | (top_p < 1.0) | (min_p > 0.0)
+
+
+@triton.jit
+def load_masked(row_ptr, mask_row_ptr, mask_on, offs, VOCAB: tl.constexpr, HAS_BITMASK: tl.constexpr):
+    """One vocab tile of a row -> (fp32 logits with NaN/padding/disallowed = -inf, NaN flags,
+    raw fp32 logits with NaN/padding = -inf, allowed flags)."""
+    valid = offs < VOCAB
+    raw = tl.load(row_ptr + offs, mask=valid, other=float("-inf")).to(tl.float32)
+    is_nan = raw != raw
+    raw = tl.where(is_nan, float("-inf"), raw)
+    allowed = valid
+    if HAS_BITMASK:
+        # A step without a bitmask masks the load off: no bytes read, every token allowed.
+        words = tl.load(mask_row_ptr + offs // 32, mask=valid & mask_on, other=-1)
+        allowed = ((words >> (offs % 32)) & 1) != 0
+    return tl.where(allowed, raw, float("-inf")), is_nan, raw, allowed
+
+
+@triton.jit
+def scan_chunk(row_ptr, mask_row_ptr, mask_on, lo, SPAN: tl.constexpr, VOCAB: tl.constexpr, inv_temp,
+               key, thr_key, min_score, DRAW: tl.constexpr, BLOCK: tl.constexpr,
+               HAS_BITMASK: tl.constexpr):
+    """One pass over columns [lo, lo + SPAN) of a row -> (has NaN, max masked logit, its lowest
+    id, max Gumbel score, its lowest id, per-lane max masked logit [BLOCK], per-lane max raw
+    logit [BLOCK]).
+
+    With DRAW, the Gumbel scores `s + g` of the tokens kept by the thresholds (key of the score
+    >= thr_key and score >= min_score); without, the Gumbel result is (-inf, 0). Per-lane running
+    results keep reductions out of the loop; a lane only ever sees increasing ids, so strict `>`
+    keeps the lowest id. A maximum of -inf reports id 0: a row without finite scores yields 0,
+    and the (max, lowest id) pairs of disjoint chunks combine into exactly the whole-row pair."""
+    lanes = tl.arange(0, BLOCK)
+    any_nan = tl.zeros([BLOCK], tl.int1)
+    best_x = tl.full([BLOCK], float("-inf"), tl.float32)
+    best_xi = tl.zeros([BLOCK], tl.int32)
+    best_z = tl.full([BLOCK], float("-inf"), tl.float32)
+    best_zi = tl.zeros([BLOCK], tl.int32)
+    best_raw = tl.full([BLOCK], float("-inf"), tl.float32)
+    # Two tiles per iteration, both loaded before either is used: twice the bytes in flight
+    # per thread without doubling the per-lane state (the running maxima).
+    for start in range(0, SPAN, 2 * BLOCK):
+        offs_a = lo + start + lanes
+        offs_b = offs_a + BLOCK
+        xa, nan_a, raw_a, _a = load_masked(row_ptr, mask_row_ptr, mask_on, offs_a, VOCAB,
+                                           HAS_BITMASK)
+        xb, nan_b, raw_b, _b = load_masked(row_ptr, mask_row_ptr, mask_on, offs_b, VOCAB,
+                                           HAS_BITMASK)
+        any_nan = any_nan | nan_a | nan_b
+        best_x, best_xi, best_z, best_zi, best_raw = _scan_tile(
+            xa, raw_a, offs_a, best_x, best_xi, best_z, best_zi, best_raw, inv_temp, key,
+            thr_key, min_score, DRAW, HAS_BITMASK)
+        best_x, best_xi, best_z, best_zi, best_raw = _scan_tile(
+            xb, raw_b, offs_b, best_x, best_xi, best_z, best_zi, best_raw, inv_temp, key,
+            thr_key, min_score, DRAW, HAS_BITMASK)
+    if not HAS_BITMASK:
+        best_raw = best_x
+    has_nan = tl.max(any_nan.to(tl.int32), axis=0)
+    max_x = tl.max(best_x, axis=0)
+    arg_x = tl.min(tl.where(best_x == max_x, best_xi, 2147483647), axis=0)
+    max_z = tl.max(best_z, axis=0)
+    arg_z = tl.min(tl.where(best_z == max_z, best_zi, 2147483647), axis=0)
+    return has_nan, max_x, arg_x, max_z, arg_z, best_x, best_raw
+
+
+@triton.jit
+def _scan_tile(x, raw, offs, best_x, best_xi, best_z, best_zi, best_raw, inv_temp, key, thr_key,
+               min_score, DRAW: tl.constexpr, HAS_BITMASK: tl.constexpr):
+    """Fold one loaded tile into the per-lane running results of `scan_chunk`."""
+    better = x > best_x
+    best_xi = tl.where(better, offs, best_xi)
+    best_x = tl.where(better, x, best_x)
+    if HAS_BITMASK:
+        best_raw = tl.maximum(best_raw, raw)
+    if DRAW:
+        s = x * inv_temp
+        kept = (order_key(s) >= thr_key) & (s >= min_score)
+        z = tl.where(kept, s + rng.gumbel(key, offs), float("-inf"))
+        better = z > best_z
+        best_zi = tl.where(better, offs, best_zi)
+        best_z = tl.where(better, z, best_z)
+    return best_x, best_xi, best_z, best_zi, best_raw
+
+
+@triton.jit
+def search_threshold(row_ptr, mask_row_ptr, mask_on, VOCAB: tl.constexpr, inv_temp, max_score, floor_key,
+                     goal, BY_MASS: tl.constexpr, BLOCK: tl.constexpr, HAS_BITMASK: tl.constexpr,
+                     RADIX_BITS: tl.constexpr):
+    """Largest uint32 key T with W(key(s) >= T) >= target, decided RADIX_BITS bits per pass.
+
+    W counts tokens (top-k: target = goal = k), or sums exp(s - max_score) over tokens whose
+    key >= floor_key (top-p: target = goal * total mass). W is non-increasing in T, so the
+    number of candidate digits meeting the target picks the next digit; the result is exactly
+    the k-th largest key, or the smallest kept probability of top-p."""
+    RADIX: tl.constexpr = 1 << RADIX_BITS
+    lanes = tl.arange(0, BLOCK)
+    digits = tl.arange(0, RADIX).to(tl.uint32)
+    prefix = tl.full((), 0, tl.uint32)
+    target = goal
+    for p in tl.static_range(32 // RADIX_BITS):
+        shift = 32 - RADIX_BITS * (p + 1)
+        cand = prefix | (digits << shift)  # [RADIX]
+        acc = tl.zeros([RADIX], tl.float32)
+        for start in range(0, VOCAB, BLOCK):
+            offs = start + lanes
+            x, _, _, _ = load_masked(row_ptr, mask_row_ptr, mask_on, offs, VOCAB, HAS_BITMASK)
+            s = x * inv_temp
+            k = order_key(s)
+            if BY_MASS:
+                w = tl.where((offs < VOCAB) & (k >= floor_key), tl.exp(s - max_score), 0.0)
+            else:
+                w = tl.where(offs < VOCAB, 1.0, 0.0)
+            hit = k[None, :] >= cand[:, None]  # [RADIX, BLOCK]
+            acc += tl.sum(tl.where(hit, w[None, :], 0.0), axis=1)
+        if p == 0:
+            if BY_MASS:
+                # Candidate 0 is key 0: everything, so the largest entry is the total mass.
+                target = goal * tl.max(acc, axis=0)
+        digit = tl.maximum(tl.sum((acc >= target).to(tl.int32), axis=0) - 1, 0)
+        prefix = prefix | (digit.to(tl.uint32) << shift)
+    return prefix
+
+
+@triton.jit
+def draw_filtered(row_ptr, mask_row_ptr, mask_on, VOCAB: tl.constexpr, key, inv_temp, max_x, top_k,
+                  top_p, min_p, BLOCK: tl.constexpr, SMALL_BLOCK: tl.constexpr,
+                  HAS_BITMASK: tl.constexpr, RADIX_BITS: tl.constexpr):
+    """Gumbel-max token of a random row with filters on, given its max masked logit."""
+    use_top_k = (top_k > 0) & (top_k < VOCAB)
+    use_top_p = top_p < 1.0
+    use_min_p = min_p > 0.0
+    no_key = tl.full((), 0, tl.uint32)
+    max_score = max_x * inv_temp
+    # Without a finite score the row samples token 0 anyway; skip the searches.
+    finite = max_score > float("-inf")
+    thr = no_key
+    if use_top_k & finite:
+        thr = search_threshold(row_ptr, mask_row_ptr, mask_on, VOCAB, inv_temp, max_score, no_key,
+                               top_k.to(tl.float32), False, SMALL_BLOCK, HAS_BITMASK, RADIX_BITS)
+    if use_top_p & finite:
+        thr = search_threshold(row_ptr, mask_row_ptr, mask_on, VOCAB, inv_temp, max_score, thr, top_p,
+                               True, SMALL_BLOCK, HAS_BITMASK, RADIX_BITS)
+    # p / p_max = exp(s - s_max), whatever the normalisation.
+    min_score = tl.where(use_min_p, max_score + tl.log(tl.where(use_min_p, min_p, 1.0)),
+                         float("-inf"))
+    _, _, _, _, token, _, _ = scan_chunk(row_ptr, mask_row_ptr, mask_on, 0, VOCAB, VOCAB, inv_temp, key, thr,
+                                   min_score, True, BLOCK, HAS_BITMASK)
+    return token
+
+
+@triton.jit
+def logprob_row(row_ptr, VOCAB: tl.constexpr, token, BLOCK: tl.constexpr, K_P: tl.constexpr):
+    """Raw log-softmax facts of one row -> (top-K_P ids [K_P], their logprobs, the token's
+    logprob, its rank). The running top-K_P is a sorted list of 64-bit keys (value key, then
+    inverted id, so ties rank lower ids first) merged with a tile only when the tile beats it."""
+    lanes = tl.arange(0, BLOCK)
+    tok_x = tl.load(row_ptr + tl.minimum(tl.maximum(token, 0), VOCAB - 1)).to(tl.float32)
+    tok_x = tl.where(tok_x != tok_x, float("-inf"), tok_x)
+    run_max = tl.full([BLOCK], float("-inf"), tl.float32)
+    run_sum = tl.zeros([BLOCK], tl.float32)
+    above = tl.zeros([BLOCK], tl.int32)
+    best = tl.zeros([K_P], tl.uint64)  # descending; 0 = empty (every real key is larger)
+    floor = tl.full((), 0, tl.uint64)
+    for start in range(0, VOCAB, BLOCK):
+        offs = start + lanes
+        valid = offs < VOCAB
+        x = tl.load(row_ptr + offs, mask=valid, other=float("-inf")).to(tl.float32)
+        x = tl.where(x != x, float("-inf"), x)
+        new_max = tl.maximum(run_max, x)
+        scale = tl.where(new_max == run_max, 1.0, tl.exp(run_max - new_max))
+        run_sum = run_sum * scale + tl.where(x == float("-inf"), 0.0, tl.exp(x - new_max))
+        run_max = new_max
+        above += (x > tok_x).to(tl.int32)
+        inverted_id = offs.to(tl.uint32) ^ 0xFFFFFFFF
+        rank_key = (order_key(x).to(tl.uint64) << 32) | inverted_id.to(tl.uint64)
+        rank_key = tl.where(valid, rank_key, 0)
+        if tl.max(rank_key, axis=0) > floor:
+            top = tl.topk(rank_key, K_P)
+            # Descending vs ascending, element-wise max: the K_P largest of both (bitonic).
+            best = tl.sort(tl.maximum(best, tl.flip(top, 0)), descending=True)
+            floor = tl.min(best, axis=0)
+    row_max = tl.max(run_max, axis=0)
+    lane_sum = tl.where(run_max == float("-inf"), 0.0, run_sum * tl.exp(run_max - row_max))
+    total = tl.sum(lane_sum, axis=0)
+    lse = tl.where(row_max == float("-inf"), 0.0, row_max + tl.log(total))
+    empty = best == 0
+    ids = ((best & 0xFFFFFFFF).to(tl.uint32) ^ 0xFFFFFFFF).to(tl.int32, bitcast=True)
+    ids = tl.where(empty, -1, ids)
+    vals = tl.where(empty, float("-inf"), key_to_float((best >> 32).to(tl.uint32)) - lse)
+    rank = 1 + tl.sum(above, axis=0)
+    return ids, vals, tok_x - lse, rank

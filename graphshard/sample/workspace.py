@@ -1,0 +1,154 @@
+"""The sampler's static scratch: one int32 buffer the kernels take as one pointer.
+
+Sections, in order (rows = max_num_reqs * M, one per logits row a launch may sample):
+- top [rows, MAX_LOGPROBS] int64: scratch where a row's top-K logprob keys are sorted (first,
+  so it is 8-byte aligned);
+- partials [rows, NUM_PART, splits]: what each (row, vocabulary chunk) program found;
+- fill [rows]: candidates captured into the row's pool (an atomic counter; the per-request
+  kernel resets it to 0 after reading, so launches, graph replays included, start from 0);
+- pool [rows, 2, pool_size]: the candidates' logit bits and ids (`candidates`);
+- stats [NUM_STATS]: cumulative counts of rows the slower whole-row paths settled;
+- tokens [rows] and arrivals [max_num_reqs]: a request's settled tokens, and how many of its
+  rows have settled (reset to 0 by the last, which writes the request's record).
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+# Vocabulary columns per program: a 152K vocabulary spreads over 19 SMs.
+CHUNK_SIZE = 8192
+# Candidates a chunk captures for rows whose kept set has no small bound (top-p, min-p, the
+# draws whose logprob rank is reported): the nucleus of top-p 0.9 over 152K flat logits holds up
+# to ~100 tokens of a chunk.
+CHUNK_TOP = 256
+# Pool entries per row and chunk: CHUNK_TOP plus the ties of its floor, with headroom.
+POOL_PER_SPLIT = 384
+MAX_POOL = 16384
+
+# The largest top-K a layout may ask for (Config.num_logprobs is at most 64 too).
+MAX_LOGPROBS = tl.constexpr(64)
+NUM_PART = tl.constexpr(10)
+P_NAN = tl.constexpr(0)  # 1 if the chunk holds a NaN
+P_MAX_X = tl.constexpr(1)  # max masked logit
+P_ARG_X = tl.constexpr(2)  # its lowest id
+P_MAX_Z = tl.constexpr(3)  # max Gumbel score s + g over the allowed tokens (random rows)
+P_ARG_Z = tl.constexpr(4)  # its lowest id
+P_FLOOR_S = tl.constexpr(5)  # allowed tokens with a logit below this were not captured
+P_FLOOR_R = tl.constexpr(6)  # tokens with a raw logit below this were not captured
+P_MAX_R = tl.constexpr(7)  # max raw logit
+P_SUM_R = tl.constexpr(8)  # sum exp(raw - chunk max raw)
+P_SUM_S = tl.constexpr(9)  # sum exp(s - chunk max s) over the allowed tokens
+NUM_STATS = tl.constexpr(4)
+STAT_DRAWS = tl.constexpr(0)
+STAT_LOGPROBS = tl.constexpr(1)
+STAT_COUNTS = tl.constexpr(2)
+STAT_NAMES = ("draw_fallback", "logprobs_fallback", "counted")
+
+
+@triton.jit
+def workspace_row(ws_ptr, row_id, rows, SPLITS: tl.constexpr, CAP: tl.constexpr):
+    """Pointers to one row's sections: (partials [NUM_PART, SPLITS], pool fill, pool logits
+    [CAP], pool ids [CAP], stats, top-K scratch [MAX_LOGPROBS] int64). `rows` (the
+    workspace's row count) is a runtime value: one compiled kernel serves every workspace."""
+    row_id = row_id.to(tl.int64)
+    ROWS = rows.to(tl.int64)
+    top = ws_ptr.to(tl.pointer_type(tl.int64)) + row_id * MAX_LOGPROBS
+    base = ws_ptr + ROWS * 2 * MAX_LOGPROBS
+    part = base + row_id * (NUM_PART * SPLITS)
+    fill = base + ROWS * NUM_PART * SPLITS + row_id
+    pool = base + ROWS * (NUM_PART * SPLITS + 1) + row_id * (2 * CAP)
+    stats = base + ROWS * (NUM_PART * SPLITS + 1 + 2 * CAP)
+    return part, fill, pool, pool + CAP, stats, top
+
+
+@triton.jit
+def workspace_request(ws_ptr, req, M: tl.constexpr, rows, SPLITS: tl.constexpr,
+                      CAP: tl.constexpr):
+    """Pointers to one request's (settled tokens [M], arrival counter)."""
+    ROWS = rows.to(tl.int64)
+    tokens = ws_ptr + ROWS * (2 * MAX_LOGPROBS + NUM_PART * SPLITS + 1 + 2 * CAP) + NUM_STATS
+    return tokens + req * M, tokens + ROWS + req
+
+
+def chunk_size_for(vocab_size: int, chunk_size: int | None) -> int:
+    if chunk_size is None:
+        return min(CHUNK_SIZE, max(16, triton.next_power_of_2(vocab_size)))
+    if isinstance(chunk_size, bool) or not isinstance(chunk_size, int) or chunk_size < 16 \
+            or chunk_size & (chunk_size - 1):
+        raise ValueError(f"chunk_size must be a power of two >= 16, got {chunk_size!r}")
+    return chunk_size
+
+
+def pool_size_for(splits: int, pool_size: int | None) -> int:
+    if pool_size is None:
+        return min(MAX_POOL, triton.next_power_of_2(splits * POOL_PER_SPLIT))
+    if isinstance(pool_size, bool) or not isinstance(pool_size, int) or pool_size < 16 \
+            or pool_size & (pool_size - 1):
+        raise ValueError(f"pool_size must be a power of two >= 16, got {pool_size!r}")
+    return pool_size
+
+
+def section_sizes(reqs: int, m: int, splits: int, pool: int) -> dict[str, int]:
+    """Sizes of the sections, in the order `workspace_row` and `workspace_request` lay them
+    out."""
+    rows = reqs * m
+    return {"top": rows * 2 * MAX_LOGPROBS.value, "partials": rows * NUM_PART.value * splits,
+            "fill": rows, "pool": rows * 2 * pool, "stats": NUM_STATS.value, "tokens": rows,
+            "arrivals": reqs}
+
+
+class SamplerWorkspace:
+    """Static scratch of the sampler (see the module docstring for its sections).
+
+    Allocate one before graph capture, at the largest `max_num_reqs` any launch will use, and
+    keep it alive as long as the graphs: a captured step must be given one (`sample` allocates
+    a fresh one per call otherwise, which is for eager use only). Launches leave the pool fills
+    and arrival counters at zero; everything else is written before it is read."""
+
+    def __init__(self, buffer: torch.Tensor, max_num_reqs: int, max_num_logits_per_req: int,
+                 vocab_size: int, chunk_size: int | None = None, pool_size: int | None = None):
+        self.chunk_size = chunk_size_for(vocab_size, chunk_size)
+        self.num_splits = -(-vocab_size // self.chunk_size)
+        self.pool_size = pool_size_for(self.num_splits, pool_size)
+        self.max_num_reqs, self.max_num_logits_per_req = max_num_reqs, max_num_logits_per_req
+        self.vocab_size = vocab_size
+        sizes = section_sizes(max_num_reqs, max_num_logits_per_req, self.num_splits,
+                              self.pool_size)
+        if not isinstance(buffer, torch.Tensor) or buffer.dtype != torch.int32:
+            raise TypeError("buffer must be an int32 tensor")
+        if buffer.dim() != 1 or buffer.shape[0] != sum(sizes.values()) or not buffer.is_contiguous():
+            raise ValueError(f"buffer must be a contiguous [{sum(sizes.values())}] tensor, got "
+                             f"shape {tuple(buffer.shape)}")
+        self.buffer = buffer  # the kernels' one pointer; the views below are its sections
+        (self.top, self.partials, self.fill, self.pool, self.stats, self.tokens,
+         self.arrivals) = torch.split(buffer, list(sizes.values()))
+
+    @classmethod
+    def allocate(cls, max_num_reqs: int, max_num_logits_per_req: int, vocab_size: int,
+                 device: torch.device | str, *, chunk_size: int | None = None,
+                 pool_size: int | None = None) -> SamplerWorkspace:
+        """A workspace for launches with `max_num_reqs <=` this bound, the layout's M and this
+        vocabulary. `chunk_size` (power of two >= 16) overrides the vocabulary chunk per program,
+        `pool_size` (power of two >= 16) the candidates kept per row."""
+        for name, v, low in (("max_num_reqs", max_num_reqs, 0),
+                             ("max_num_logits_per_req", max_num_logits_per_req, 1),
+                             ("vocab_size", vocab_size, 1)):
+            if isinstance(v, bool) or not isinstance(v, int) or v < low:
+                raise ValueError(f"{name} must be an int >= {low}, got {v!r}")
+        chunk = chunk_size_for(vocab_size, chunk_size)
+        splits = -(-vocab_size // chunk)
+        pool = pool_size_for(splits, pool_size)
+        size = sum(section_sizes(max_num_reqs, max_num_logits_per_req, splits, pool).values())
+        # Zeros: the pool fills and arrival counters must start at 0.
+        buffer = torch.zeros(size, dtype=torch.int32, device=device)
+        return cls(buffer, max_num_reqs, max_num_logits_per_req, vocab_size, chunk, pool)
+
+    def paths(self) -> dict[str, int]:
+        """How many rows took the slower whole-row paths since allocation: `draw_fallback`
+        (filtered draw), `logprobs_fallback` (top-K logprobs), `counted` (a count over the row:
+        verifying the unfiltered winner, or the sampled token's rank). Every other row was
+        settled from its candidates. Reads the device: for tests and benchmarks, not a step."""
+        return dict(zip(STAT_NAMES, self.stats.tolist()))

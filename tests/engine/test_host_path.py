@@ -1,0 +1,260 @@
+"""The host path: double-buffered staging, the cheap checks (sound against the exact ones), the
+step clock that bounds steps in flight, and an engine whose steps read staged rows correctly."""
+
+import threading
+import time
+
+import numpy as np
+import pytest
+import torch
+from hypothesis import given, settings, strategies as st
+
+from graphshard.config import Config
+from graphshard.engine import Engine
+from graphshard.engine.faults import FaultGuard, StepClock, StepFault, Watchdog
+from graphshard.sample.params import SamplingParams
+from graphshard.plan.staging import Staging
+from graphshard.engine.validate import BatchChecker, BatchLimits, InvalidBatchError
+
+CPU = torch.device("cpu")
+
+
+def _batch(slots, rows_per_req=1, lens=None):
+    idx = np.array(slots, np.int32)
+    cu = np.arange(len(slots) + 1, dtype=np.int32) * rows_per_req
+    return idx, cu, np.array(lens if lens is not None else [7] * len(slots), np.int32)
+
+
+def _fetched(staging: Staging):
+    """What the device side of the step sees: (n, bitmask_on, idx, cu, lens) of `meta`."""
+    num_reqs, bitmask_on, idx, cu, lens = staging.views()
+    n = int(num_reqs[0])
+    return n, int(bitmask_on[0]), idx[:n].tolist(), cu[:n + 1].tolist(), lens[:n].tolist()
+
+
+def _staged(batch, bitmask_on=0):
+    idx, cu, lens = batch
+    return len(idx), bitmask_on, idx.tolist(), cu.tolist(), lens.tolist()
+
+
+@pytest.mark.parametrize("rows_per_req", [1, 3])
+def test_each_step_fetches_its_own_row_with_two_steps_staged(rows_per_req):
+    s = Staging(max_num_reqs=4, max_num_logits_per_req=rows_per_req, device=CPU)
+    a, b, c = _batch([3, 1], rows_per_req, [5, 6]), _batch([2], rows_per_req, [9]), _batch([0, 2, 1], rows_per_req)
+    s.write(0, *a, False)
+    s.write(1, *b, True)  # staged while step 0 has not run yet
+    s.fetch()
+    assert _fetched(s) == _staged(a)
+    s.signal_done()
+    assert s.finished() == 0
+    s.fetch()
+    assert _fetched(s) == _staged(b, 1)
+    s.signal_done()
+    s.write(2, *c, False)  # reuses step 0's row
+    s.fetch()
+    assert _fetched(s) == _staged(c)
+    s.signal_done()
+    assert s.finished() == 2
+
+
+def test_warm_up_runs_refetch_the_placeholder_and_keep_the_done_word():
+    s = Staging(max_num_reqs=4, max_num_logits_per_req=1, device=CPU)
+    s.write(0, *_batch([1]), False)
+    s.fetch()
+    s.signal_done()
+    placeholder = _batch([0, 1, 2, 3], lens=[0] * 4)
+    s.write_both(0, *placeholder, False)  # as the last issued step
+    for _ in range(3):
+        s.fetch()
+        assert _fetched(s) == _staged(placeholder)
+        s.signal_done()
+        assert s.finished() == 0
+    nxt = _batch([2, 0])
+    s.write(1, *nxt, False)
+    s.fetch()
+    assert _fetched(s) == _staged(nxt)
+
+
+def _greedy(n_slots=12, **changes):
+    cfg = Config(vocab_size=200, vocab_pad_multiple=8, max_num_reqs=8, max_num_slots=n_slots,
+                 buckets=(2, 4), graph_backend="emulated", **changes)
+    engine = Engine(cfg)
+    for slot in range(n_slots):
+        engine.add_request(slot, SamplingParams(temperature=0.0))
+    return engine
+
+
+def test_steps_before_and_after_a_late_capture_sample_their_own_batch():
+    engine = _greedy()
+    g = torch.Generator().manual_seed(0)
+    for i, n in enumerate([3, 1, 6, 2, 4, 3]):
+        if i == 3:
+            engine.capture()  # stages placeholders after three eager steps
+        logits = engine.inputs.logits[:n]
+        logits.copy_(torch.randn(n, engine.vocab_shard, generator=g))
+        idx = np.random.default_rng(i).choice(12, n, replace=False).astype(np.int32)
+        out = engine.step(idx, np.arange(n + 1, dtype=np.int32), np.zeros(n, np.int32), logits)
+        assert out.sampled_token_ids[:, 0].tolist() == logits[:, :200].argmax(1).tolist()
+        assert engine.inputs.staged.finished() == i
+    assert engine.stats()["eager_steps"] == 3 and sum(engine.stats()["replays"].values()) == 3
+
+
+def test_stats_report_the_whole_capture():
+    engine = _greedy()
+    engine.capture()
+    stats = engine.stats()
+    assert stats["capture_s"] >= stats["graph_capture_s"] > 0
+    assert stats["strategy"] == {2: "replicate", 4: "replicate"}  # tp = 1
+    assert stats["strategy_timings_us"] == {}
+
+
+# -- the cheap checks never accept what the exact ones refuse -----------------------------------
+LIMITS = BatchLimits(max_num_reqs=6, max_num_logits_per_req=3, max_num_slots=10)
+SMALL_INTS = st.integers(-3, 12)
+EDGE_INTS = st.sampled_from([-2**31, -1, 0, 1, 2, 3, 4, 9, 10, 2**31 - 1])
+
+
+def _checker(active, limits=LIMITS):
+    checker = BatchChecker(limits)
+    for slot in active:
+        checker.activate(slot)
+    return checker
+
+
+@settings(deadline=None, max_examples=400)
+@given(n=st.integers(0, 7), data=st.data(), active=st.sets(st.integers(0, 9)),
+       m=st.sampled_from([1, 3]))
+def test_the_cheap_checks_accept_only_what_the_exact_checks_accept(n, data, active, m):
+    """Batches near valid ones (one thing off, or nothing) and arbitrary ones."""
+    limits = BatchLimits(6, m, 10)
+    ints = st.one_of(SMALL_INTS, EDGE_INTS)
+    arrays = lambda k: st.lists(ints, min_size=k, max_size=k)  # noqa: E731
+    if len(active) >= n and data.draw(st.booleans()):  # a valid batch
+        idx = np.array(data.draw(st.permutations(sorted(active)))[:n], np.int32)
+        counts = data.draw(st.lists(st.integers(1, m), min_size=n, max_size=n))
+        cu = np.concatenate([[0], np.cumsum(counts)]).astype(np.int32)
+        lens = np.array(data.draw(st.lists(st.integers(0, 2**31 - 1), min_size=n, max_size=n)), np.int32)
+        if n and data.draw(st.booleans()):  # one entry off
+            which = data.draw(st.sampled_from([idx, cu, lens]))
+            which[data.draw(st.integers(0, len(which) - 1))] = data.draw(ints)
+    else:
+        idx, cu, lens = (np.array(data.draw(arrays(k)), np.int32) for k in (n, n + 1, n))
+    if data.draw(st.integers(0, 9)) == 0:
+        cu = cu[:-1]
+    checker = _checker(active, limits)
+    for _ in range(2):  # the second call may answer from the cache of the first
+        accepted = checker.accepts(idx, cu, lens)
+        try:
+            exact = checker.check_exactly(idx, cu, lens)
+        except InvalidBatchError:
+            exact = None
+        if accepted:
+            assert exact is not None and all(a is b for a, b in zip(exact, (idx, cu, lens)))
+
+
+def test_the_slot_cache_forgets_a_removed_request():
+    checker = _checker(range(10))
+    batch = _batch([4, 2, 7])
+    assert checker.accepts(*batch)
+    checker.deactivate(2)
+    assert not checker.accepts(*batch)
+    with pytest.raises(InvalidBatchError, match="slot 2 holds no request"):
+        checker.check(*batch)
+
+
+def test_large_batches_take_the_vectorised_slot_test():
+    checker = _checker(range(200), BatchLimits(150, 1, 200))
+    idx = np.random.default_rng(1).choice(200, 150, replace=False).astype(np.int32)
+    batch = (idx, np.arange(151, dtype=np.int32), np.zeros(150, np.int32))
+    assert checker.accepts(*batch)
+    for bad_slot in (idx[3], 250, -1):
+        wrong = idx.copy()
+        wrong[100] = bad_slot
+        assert not checker.accepts(wrong, *batch[1:])
+    checker.deactivate(int(idx[7]))
+    assert not checker.accepts(*batch)
+
+
+def test_the_cheap_tensor_test_accepts_only_what_tensor_error_accepts():
+    engine = _greedy(max_num_logits_per_req=2)
+    inp, vs = engine.inputs, engine.vocab_shard
+    good = torch.zeros(4, vs)
+    drafts, mask = torch.zeros(4, dtype=torch.int32), torch.zeros(4, inp.bitmask_widths[0], dtype=torch.int32)
+    cases = [
+        (good, None, None), (inp.logits[:4], drafts, mask), (inp.logits[1:5], None, None),
+        (good.double(), None, None), (good[:, :-1], None, None), (good.t().contiguous().t(), None, None),
+        (torch.zeros(1, vs), None, None), (inp.logits[:1], None, None), (good, inp.draft_token_ids[1:5], None),
+        (good, drafts.long(), None), (good, None, mask[:, :1]), (good, None, inp.grammar_bitmask[:4]),
+        (good, drafts[:3], None), (good.numpy(), None, None),
+    ]
+    for logits, d, b in cases:
+        rows = logits.shape[0]
+        if inp.tensors_fit(logits, d, b, rows):
+            assert inp.tensor_error(logits, d, b, rows) is None, (logits.shape, d, b)
+    assert inp.tensors_fit(inp.logits[:4], drafts, mask, 4)  # the zero-copy path is the cheap one
+    assert not inp.tensors_fit(inp.logits[1:5], None, None, 4)
+
+
+# -- the step clock ------------------------------------------------------------------------------
+class _Group:
+    def __init__(self):
+        self.aborts = 0
+
+    def _get_backend(self, device):
+        return self
+
+    def abort(self):
+        self.aborts += 1
+
+
+def test_a_step_in_flight_past_the_bound_aborts_the_group_once():
+    done = np.full(1, 4, np.int64)
+    clock, group = StepClock(done), _Group()
+    watchdog = Watchdog(group, limit_s=0.4, clock=clock)
+    clock.start(5)
+    clock.start(6)  # two in flight; step 5 is the one to time
+    time.sleep(1.0)
+    assert watchdog.fault == "step 5 did not finish within 0.4 s of its issue" and group.aborts == 1
+    assert watchdog.wait_step(5) == watchdog.fault and group.aborts == 1
+    watchdog.close()
+
+
+def test_finished_steps_are_never_overdue_and_waits_are_bounded():
+    done = np.full(1, -1, np.int64)
+    clock, group = StepClock(done), _Group()
+    watchdog = Watchdog(group, limit_s=0.5, clock=clock)
+    clock.start(0)
+    done[0] = 0
+    time.sleep(0.8)
+    assert watchdog.fault is None and watchdog.wait_step(0) is None
+    clock.start(1)
+    start = time.monotonic()
+    assert watchdog.wait_step(1) == "step 1 did not finish within 0.5 s of its issue"
+    assert time.monotonic() - start < 1.5 and group.aborts == 1
+    watchdog.close()
+
+
+def test_admit_waits_for_the_step_before_the_previous_one_only():
+    done = np.full(1, -1, np.int64)
+    guard = FaultGuard(group=None, rank=0, world_size=1, device=torch.device("cuda", 0),
+                       timeout_s=5.0, done=done)
+    guard.admit(0)
+    guard.admit(1)  # step 0 still running: no wait
+    threading.Timer(0.3, lambda: done.__setitem__(0, 0)).start()
+    start = time.monotonic()
+    guard.admit(2)  # reuses step 0's staging row: waits for it
+    assert 0.25 <= time.monotonic() - start < 5.0 and guard.clock.issued == 2
+
+
+def test_admit_raises_a_transport_fault_seen_meanwhile():
+    class Faulted:
+        def fault(self):
+            return "p2p rows barrier on rank 0 gave up after 5 s waiting for rank 1"
+
+    done = np.full(1, 10, np.int64)
+    guard = FaultGuard(group=None, rank=0, world_size=1, device=torch.device("cuda", 0),
+                       timeout_s=5.0, transport=Faulted(), done=done)
+    with pytest.raises(StepFault, match="step 3 failed on rank 0: p2p rows barrier"):
+        guard.admit(4)
+    with pytest.raises(StepFault, match="broken by an earlier fault"):
+        guard.check_standing()
