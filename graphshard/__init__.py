@@ -46,14 +46,12 @@ def _use_interpreter_without_cuda() -> None:
 
 _use_interpreter_without_cuda()
 
-# name -> module that defines it, imported on first access.
+# module -> the public names it defines, each loaded on first use.
 _LAZY = {
-    "Config": "graphshard.config",
-    "SamplingParams": "graphshard.sample.params",
-    "Engine": "graphshard.engine.engine",
-    "SamplerOutput": "graphshard.sample.records",
-    "HostOutput": "graphshard.sample.records",
-    "RecordLayout": "graphshard.sample.records",
+    "config": ("Config",),
+    "engine.engine": ("Engine",),
+    "sample.params": ("SamplingParams",),
+    "sample.records": ("HostOutput", "RecordLayout", "SamplerOutput"),
 }
 
 if TYPE_CHECKING:  # what type checkers and IDEs see for the lazy names
@@ -63,7 +61,7 @@ if TYPE_CHECKING:  # what type checkers and IDEs see for the lazy names
     from graphshard.sample.records import HostOutput, RecordLayout, SamplerOutput
 
 
-__getattr__, __dir__ = lazy_exports(__name__, _LAZY)
+__getattr__, __dir__, _ = lazy_exports(__name__, _LAZY)
 
 __all__ = [
     "BatchTooLargeError", "Config", "ConfigError", "Engine", "EngineStateError", "HostOutput",

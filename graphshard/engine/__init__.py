@@ -12,11 +12,7 @@ from __future__ import annotations
 
 from graphshard._lazy import lazy_exports
 
-# name -> module that defines it, imported on first use.
-_LAZY = {
-    "Engine": "graphshard.engine.engine",
-    "DTYPES": "graphshard.engine.engine",
-    "SAMPLER_CONTRACT": "graphshard.engine.engine",
-}
-__getattr__, __dir__ = lazy_exports(__name__, _LAZY)
-__all__ = sorted(_LAZY)
+# module -> the public names it defines, each loaded on first use.
+__getattr__, __dir__, __all__ = lazy_exports(__name__, {
+    "engine": ("DTYPES", "Engine", "SAMPLER_CONTRACT"),
+})

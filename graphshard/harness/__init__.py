@@ -12,17 +12,11 @@ from __future__ import annotations
 
 from graphshard._lazy import lazy_exports
 
-# name -> module that defines it, imported on first use.
-_LAZY = {
-    "main": "graphshard.harness.cli",
-    "spawn": "graphshard.harness.distributed",
-    "init_from_env": "graphshard.harness.distributed",
-    "Workload": "graphshard.harness.workload",
-    "sample_unsharded": "graphshard.harness.oracle",
-    "compare": "graphshard.harness.oracle",
-    "check_graph_safe": "graphshard.harness.testing",
-    "assert_replay_equals_eager": "graphshard.harness.testing",
-    "GraphSafetyError": "graphshard.harness.testing",
-}
-__getattr__, __dir__ = lazy_exports(__name__, _LAZY)
-__all__ = sorted(_LAZY)
+# module -> the public names it defines, each loaded on first use.
+__getattr__, __dir__, __all__ = lazy_exports(__name__, {
+    "cli": ("main",),
+    "distributed": ("init_from_env", "spawn"),
+    "workload": ("Workload",),
+    "oracle": ("compare", "sample_unsharded"),
+    "testing": ("GraphSafetyError", "assert_replay_equals_eager", "check_graph_safe"),
+})

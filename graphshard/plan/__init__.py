@@ -12,17 +12,10 @@ from __future__ import annotations
 
 from graphshard._lazy import lazy_exports
 
-# name -> module that defines it, imported on first use.
-_LAZY = {
-    "fetch_and_plan": "graphshard.plan.kernel",
-    "plan": "graphshard.plan.kernel",
-    "PLAN_DOC": "graphshard.plan.layout",
-    "PLAN_FIELDS": "graphshard.plan.layout",
-    "PlanBuffers": "graphshard.plan.layout",
-    "plan_shapes": "graphshard.plan.layout",
-    "plan_ref": "graphshard.plan.reference",
-    "Staging": "graphshard.plan.staging",
-    "signal_done": "graphshard.plan.staging",
-}
-__getattr__, __dir__ = lazy_exports(__name__, _LAZY)
-__all__ = sorted(_LAZY)
+# module -> the public names it defines, each loaded on first use.
+__getattr__, __dir__, __all__ = lazy_exports(__name__, {
+    "staging": ("Staging", "signal_done"),
+    "kernel": ("fetch_and_plan", "plan"),
+    "layout": ("PLAN_DOC", "PLAN_FIELDS", "PlanBuffers", "plan_shapes"),
+    "reference": ("plan_ref",),
+})

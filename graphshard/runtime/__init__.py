@@ -5,13 +5,8 @@ from __future__ import annotations
 
 from graphshard._lazy import lazy_exports
 
-# name -> module that defines it, imported on first use.
-_LAZY = {
-    "resolve_device": "graphshard.runtime.devices",
-    "check_kernels_run_on": "graphshard.runtime.devices",
-    "launch": "graphshard.runtime.launch",
-    "check_int32_vector": "graphshard.runtime.launch",
-    "specialization_key": "graphshard.runtime.launch",
-}
-__getattr__, __dir__ = lazy_exports(__name__, _LAZY)
-__all__ = sorted(_LAZY)
+# module -> the public names it defines, each loaded on first use.
+__getattr__, __dir__, __all__ = lazy_exports(__name__, {
+    "devices": ("check_kernels_run_on", "resolve_device"),
+    "launch": ("check_int32_vector", "launch", "specialization_key"),
+})

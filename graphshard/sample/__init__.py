@@ -14,18 +14,10 @@ from __future__ import annotations
 
 from graphshard._lazy import lazy_exports
 
-# name -> module that defines it, imported on first use.
-_LAZY = {
-    "SamplingParams": "graphshard.sample.params",
-    "SlotTables": "graphshard.sample.params",
-    "sample": "graphshard.sample.kernels",
-    "SamplerWorkspace": "graphshard.sample.kernels",
-    "sample_ref": "graphshard.sample.reference",
-    "RecordLayout": "graphshard.sample.records",
-    "SamplerOutput": "graphshard.sample.records",
-    "HostOutput": "graphshard.sample.records",
-    "unpack": "graphshard.sample.records",
-    "unpack_host": "graphshard.sample.records",
-}
-__getattr__, __dir__ = lazy_exports(__name__, _LAZY)
-__all__ = sorted(_LAZY)
+# module -> the public names it defines, each loaded on first use.
+__getattr__, __dir__, __all__ = lazy_exports(__name__, {
+    "params": ("SamplingParams", "SlotTables"),
+    "kernels": ("SamplerWorkspace", "sample"),
+    "records": ("HostOutput", "RecordLayout", "SamplerOutput", "unpack", "unpack_host"),
+    "reference": ("sample_ref",),
+})
