@@ -373,6 +373,9 @@ class Engine:
         (and so does any divergence); without it, the refusing rank's peers are already inside
         the step, so that rank gives up (its engine refuses every later step) and the peers fail
         within `timeout_s` naming its error.
+        Ranks that diverge (other replicated inputs, slot tables or step counts) are caught inside
+        the step by the default `divergence_check`: `raise_if_failed` (on CPU this call) raises
+        `RankDivergenceError` on every rank and the step's results are discarded.
         On CUDA two steps may be in flight: this returns once the step is queued, and only waits
         for the step before the previous one. A peer that dies or stops stepping makes this (or
         `raise_if_failed`) raise `StepFault` within `timeout_s` (2 x `timeout_s` + 1 s for a

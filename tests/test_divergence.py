@@ -31,8 +31,10 @@ def _batch(rng: np.random.Generator, vocab: int, n: int = 2):
     return idx, cu, lens, full, winners
 
 
-def _diverging_run(rank, world, transport):
-    engine = Engine(CFG.replace(transport=transport))
+def diverging_run(rank, world, cfg):
+    """Each kind of divergence on rank 1, agreeing steps in between: what every step gave
+    (also run on GPUs by tests/gpu/test_divergence_gpu.py)."""
+    engine = Engine(cfg)
     engine.capture()
     for slot in range(4):
         engine.add_request(slot, SamplingParams(temperature=0.0))
@@ -41,7 +43,7 @@ def _diverging_run(rank, world, transport):
     results = []
 
     def attempt(kind, idx, cu, lens, full, winners, bad_rank=1):
-        shard = full[:, lo:hi].contiguous()
+        shard = full[:, lo:hi].contiguous().to(engine.device)
         try:
             out = engine.step(idx, cu, lens, shard)
             tokens = out.sampled_token_ids[:, 0].tolist()
@@ -81,14 +83,12 @@ def _diverging_run(rank, world, transport):
     if rank == 1:
         engine.steps += 1  # as if this rank had issued one more step than its peers
     agreeing("skipped_step")
+    engine.close()
     return results
 
 
-@pytest.mark.parametrize("transport", ["gloo", "p2p"])
-def test_every_divergence_raises_on_every_rank_and_no_wrong_token_passes(transport):
-    if transport == "p2p" and os.environ.get("TRITON_INTERPRET") != "1":
-        pytest.skip("p2p kernels on CPU run under TRITON_INTERPRET=1")
-    r0, r1 = spawn(_diverging_run, 2, transport, timeout_s=300)
+def check_outcomes(r0, r1):
+    """Every rank saw the same; every divergence raised naming what differed; no wrong token."""
     assert r0 == r1, (r0, r1)  # the same outcome and the same message on both ranks
     got = {kind: (outcome, detail) for kind, outcome, detail in r0 if kind != "agree"}
     for kind, outcome, detail in r0:
@@ -106,6 +106,13 @@ def test_every_divergence_raises_on_every_rank_and_no_wrong_token_passes(transpo
         assert phrase in message and "ranks [1]" in message, (kind, message)
     assert got["refused_everywhere"] == ("InvalidBatchError",
                                          "slot 5 holds no request; call add_request first")
+
+
+@pytest.mark.parametrize("transport", ["gloo", "p2p"])
+def test_every_divergence_raises_on_every_rank_and_no_wrong_token_passes(transport):
+    if transport == "p2p" and os.environ.get("TRITON_INTERPRET") != "1":
+        pytest.skip("p2p kernels on CPU run under TRITON_INTERPRET=1")
+    check_outcomes(*spawn(diverging_run, 2, CFG.replace(transport=transport), timeout_s=300))
 
 
 def test_the_digest_sees_every_replicated_array():

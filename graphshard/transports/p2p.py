@@ -47,6 +47,12 @@ transport is broken for good and `fault()` says why. Every decision a barrier br
 flag, the clock, the status word) is one value per program, so its warps never part ways on
 it (they meet at block-wide barriers inside the loop).
 
+Divergence check (`agree`, `graphshard.divergence`). Program 0 of the step's row push stores
+this rank's 32-byte digest into every rank's digest slot before the push's end barrier; program 0
+of the kernel that ends the step judges the landed digests before that kernel's end barrier. No
+peer pushes the next step's digest before this rank has arrived at that barrier, so one slot per
+rank suffices, and the verdict is written before the step's done word.
+
 The record push can also end the engine's step (`done`): the last of its programs past the end
 barrier writes the step's done word (`graphshard.staging`), so the step needs no kernel for it.
 
