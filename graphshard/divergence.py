@@ -58,7 +58,8 @@ def judge(digests_ptr, digest_addresses_ptr, seq_ptr, WORLD_SIZE: tl.constexpr,
           WORLD_POW2: tl.constexpr):
     """Compare every rank's digest (`digests_ptr` [WORLD_SIZE, DIGEST_WORDS] int64) with rank 0's;
     on any difference write the verdict into the pinned row of this step's parity. Called by one
-    program; the caller orders its stores before the step's done word."""
+    program, before the step's done word is written (by it, or by a program that synchronizes
+    with it)."""
     ranks = tl.arange(0, WORLD_POW2)
     live = ranks < WORLD_SIZE
     base = digests_ptr + ranks * 4
@@ -83,6 +84,10 @@ def judge(digests_ptr, digest_addresses_ptr, seq_ptr, WORLD_SIZE: tl.constexpr,
         tl.store(row + 5, refused_mask)
         tl.store(row + 6, step0)  # the message names rank 0's step: the same text everywhere
         tl.store(row, seq)  # last: the row names its step only once it is whole
+        # The verdict (host memory) is visible before anything this program does next, such as
+        # the arrival that lets another program write the done word.
+        tl.debug_barrier()
+        tl.atomic_add(digests_ptr + 3, 0, sem="release", scope="sys")
 
 
 @triton.jit
