@@ -68,15 +68,14 @@ def _cuda_guard() -> FaultGuard:
     return guard
 
 
-def _divergence_step(check: DivergenceCheck, idx, cu, lens):
-    """What the divergence check adds to a CUDA step's host path (tp > 1): the digest of this
-    step, and the verdict read of the step before the previous one."""
+def _divergence_step(check: DivergenceCheck, guard: FaultGuard, idx, cu, lens):
+    """What the divergence check adds to a CUDA step's host path (tp > 1): the verdict read of
+    the step before the previous one, and this step's digest."""
     step = [10]
 
     def run():
         step[0] += 1
-        check.check_unreported(step[0] - 2)
-        check.seal(step[0], idx, cu, lens, 12345, check.flags(False, False))
+        check.begin(step[0], idx, cu, lens, 12345, guard, check.flags(False, False))
     return run
 
 
@@ -113,7 +112,8 @@ def measure(calls: int) -> list[dict]:
         row["checks, new slots"] = per_call_ns(changed, calls)
         row["stage"] = per_call_ns(lambda: engine.inputs.stage(5, a, cu, lens, False), calls)
         row["fault guard (CUDA path)"] = per_call_ns(guard_step, calls)
-        row["divergence digest + verdict"] = per_call_ns(_divergence_step(check, a, cu, lens), calls)
+        row["divergence digest + verdict"] = per_call_ns(_divergence_step(check, guard, a, cu, lens),
+                                                         calls)
         row["step minus replay"] = per_call_ns(lambda: engine.step(a, cu, lens, x), calls // 4)
         row["step minus replay, new slots"] = per_call_ns(changed_step, calls // 4)
         rows.append(row)

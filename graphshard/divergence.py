@@ -31,9 +31,10 @@ DIGEST_WORDS = 4  # int64: step, inputs, slots, spare
 # int64: step, any, step mask, inputs mask, slots mask, refused mask, rank 0's step, spare
 VERDICT_WORDS = 8
 _BITMASK_ON, _DRAFTS, _REFUSED = 1 << 32, 1 << 33, 1 << 34
-# The same bit for the kernels (Triton reads module globals only as constexprs).
-REFUSED: tl.constexpr = tl.constexpr(_REFUSED)
-NOT_REFUSED: tl.constexpr = tl.constexpr(~_REFUSED)
+# For the kernels (Triton reads module globals only as constexpr instances).
+REFUSED = tl.constexpr(_REFUSED)
+NOT_REFUSED = tl.constexpr(~_REFUSED)
+DIGEST_SIZE = tl.constexpr(DIGEST_WORDS)
 
 
 @triton.jit
@@ -105,8 +106,8 @@ def _judge_kernel(digests_ptr, digest_addresses_ptr, seq_ptr, WORLD_SIZE: tl.con
 class DivergenceCheck:
     """One engine's digests and verdicts (host side), and what the transports pass its kernels.
 
-    `seal` runs on the step's host path (no allocation, no device call); `verdict` and `check`
-    read the pinned verdict rows once the step has finished."""
+    `begin` runs on the step's host path (no device call, no buffer allocated); `check` reads the
+    pinned verdict row of a step once it has finished."""
 
     def __init__(self, rank: int, world_size: int, device: torch.device, seq: torch.Tensor,
                  one_row: bool):
@@ -122,9 +123,29 @@ class DivergenceCheck:
                                       dtype=torch.int64).to(device)
         self.mine = torch.zeros(DIGEST_WORDS, dtype=torch.int64, device=device)
         self.gathered = torch.zeros(world_size * DIGEST_WORDS, dtype=torch.int64, device=device)
-        self.reported = -1  # the last step whose divergence `step()` raised
+        self.reported = -1  # the last step whose divergence (or refusal) was raised
 
     # -- host path ----------------------------------------------------------------------------
+    def begin(self, step: int, idx, cu, lens, slots: int, faults, flags: int) -> None:
+        """Step `step`'s host part, after `faults.admit(step)`: on CUDA, raise first for a finished
+        step (step - 2: admit waited for it) judged divergent that no call has raised for yet,
+        so its tokens never pass unnoticed; then seal this step's digest."""
+        if not faults.synchronous and step - 2 > self.reported \
+                and self._verdicts[step & 1, 0] == step - 2:
+            faults.abandon(step)
+            self.check(step - 2)
+        self.seal(step, idx, cu, lens, slots, flags)
+
+    def settle_refusal(self, step: int, refusal: Exception, wait) -> None:
+        """This rank refused step `step` for a slot it holds no request in and ran the step only
+        so its peers would learn it: once `wait(step)` returns the step is judged; raise the
+        refusal itself where every rank refused alike, else the divergence."""
+        wait(step)
+        if not self.only_refusals(step):
+            self.check(step)
+        self.reported = max(self.reported, step)
+        raise refusal
+
     def seal(self, step: int, idx: np.ndarray, cu: np.ndarray, lens: np.ndarray, slots: int,
              flags: int) -> None:
         """Write step `step`'s digest into its row (step - 2 has finished: the row is free)."""
@@ -145,20 +166,11 @@ class DivergenceCheck:
         return (_BITMASK_ON if bitmask_on else 0) | (_DRAFTS if drafts else 0) | \
             (_REFUSED if refused else 0)
 
-    def diverged(self, step: int) -> bool:
-        """Whether finished step `step` was judged divergent (one NumPy load in the common case)."""
-        return step >= 0 and self._verdicts[step & 1, 0] == step
-
     def check(self, step: int) -> None:
         """Raise `RankDivergenceError` if finished step `step` diverged."""
         if step >= 0 and self._verdicts[step & 1, 0] == step:
             self.reported = max(self.reported, step)
             raise RankDivergenceError(self.describe(step))
-
-    def check_unreported(self, step: int) -> None:
-        """`check(step)` unless an earlier call already raised for it (the next `step()`)."""
-        if step > self.reported and self._verdicts[step & 1, 0] == step:
-            self.check(step)
 
     def only_refusals(self, step: int) -> bool:
         """Every rank refused step `step` the same way and nothing else differed."""
@@ -177,8 +189,8 @@ class DivergenceCheck:
         if v[5]:
             parts.append(f"ranks {_ranks(v[5])} refused the batch (a slot in it holds no "
                          "request there)")
-        return (f"step {v[6]} (rank 0's count): the ranks diverged: {'; '.join(parts)}; its results were "
-                "discarded; every rank must make identical calls")
+        return (f"step {v[6]} (rank 0's count): the ranks diverged: {'; '.join(parts)}; its "
+                "results were discarded; every rank must make identical calls")
 
     # -- the step's end, on padded transports (p2p does this inside its own kernels) ------------
     def seal_on_device(self) -> None:

@@ -22,7 +22,7 @@ from graphshard.config import Config
 from graphshard.devices import check_kernels_run_on, resolve_device
 from graphshard.divergence import DivergenceCheck
 from graphshard.errors import (EngineStateError, InvalidBatchError, InvalidParamsError, InvalidSlotError,
-                               InvalidTypeError, RankDivergenceError, StepFault)
+                               InvalidTypeError, StepFault)
 from graphshard.faults import FaultGuard
 from graphshard.graphs import GraphManager, make_backend
 from graphshard.inputs import StepInputs
@@ -394,7 +394,9 @@ class Engine:
         faults.admit(step)
         divergence = self.divergence
         if divergence is not None:
-            self._seal(divergence, step, idx, cu, lens, draft_token_ids, grammar_bitmask, refusal)
+            divergence.begin(step, idx, cu, lens, self.slot_digest.value, faults,
+                             divergence.flags(grammar_bitmask is not None, draft_token_ids is not None,
+                                              refusal is not None))
         inputs.stage(step, idx, cu, lens, grammar_bitmask is not None)
         if not (self._one_row and grammar_bitmask is None and inputs.is_zero_copy(logits, num_logits)):
             inputs.write_tensors(logits, draft_token_ids, grammar_bitmask, num_logits)
@@ -411,33 +413,10 @@ class Engine:
         if faults.synchronous:
             faults.ran(step)
         if refusal is not None:
-            self._settle_refusal(step, refusal)
+            divergence.settle_refusal(step, refusal, faults.check)
         if divergence is not None and faults.synchronous:
             divergence.check(step)
         return route.out if route is not None else self._outputs(n)
-
-    def _seal(self, divergence: DivergenceCheck, step: int, idx, cu, lens, drafts, bitmask,
-              refusal) -> None:
-        """This step's digest; first, a divergence judged in a finished step nobody has raised
-        for yet (on CUDA step - 2 is finished here: `admit` waited for it)."""
-        if not self.faults.synchronous:
-            try:
-                divergence.check_unreported(step - 2)
-            except RankDivergenceError:
-                self.faults.abandon(step)
-                raise
-        divergence.seal(step, idx, cu, lens, self.slot_digest.value,
-                        divergence.flags(bitmask is not None, drafts is not None, refusal is not None))
-
-    def _settle_refusal(self, step: int, refusal: InvalidBatchError) -> None:
-        """This rank refused step `step` for a slot it holds no request in, and ran the step only
-        so its peers would learn it: once the step is judged, raise the refusal itself where
-        every rank refused alike, else the divergence."""
-        self.faults.check(step)
-        if self.divergence.only_refusals(step):
-            raise refusal
-        self.divergence.check(step)
-        raise refusal  # unreachable: a refusal is always judged
 
     def _check_step(self, idx_mapping, cu_num_logits, seq_lens, logits, drafts, bitmask):
         """Every check of a step's inputs: (idx, cu, lens), or raise (see `step`). The common

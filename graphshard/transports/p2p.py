@@ -74,7 +74,7 @@ import torch.distributed as dist
 import triton
 import triton.language as tl
 
-from graphshard.divergence import DIGEST_WORDS, judge, load_digest
+from graphshard.divergence import DIGEST_SIZE, DIGEST_WORDS, judge, load_digest
 from graphshard.launch import launch
 from graphshard.plan_layout import PlanBuffers
 from graphshard.staging import signal_done
@@ -263,11 +263,11 @@ def _push_rows_kernel(
 
 @triton.jit
 def _push_digest(digest_addresses_ptr, seq_ptr, digest_ptrs_ptr, rank, WORLD_SIZE: tl.constexpr):
-    words = tl.arange(0, DIGEST_WORDS)
+    words = tl.arange(0, DIGEST_SIZE)
     digest = load_digest(digest_addresses_ptr, seq_ptr)
     for peer in tl.static_range(WORLD_SIZE):
         dst = tl.load(digest_ptrs_ptr + peer).to(tl.pointer_type(tl.int64))
-        tl.store(dst + rank * DIGEST_WORDS + words, digest)
+        tl.store(dst + rank * DIGEST_SIZE + words, digest)
 
 
 @triton.jit(do_not_specialize=["timeout_ns"])
