@@ -1,4 +1,5 @@
-"""Host cost of one step's Python, piece by piece: checks, staging, fault guard, the whole call.
+"""Host cost of one step's Python, piece by piece: checks, staging, fault guard, the divergence
+check's digest and verdict read, the whole call.
 
 Usage: python3 -m benchmarks.host_path [--calls 20000]
 Runs on any machine (tp = 1, CPU tensors): the graph replay is replaced by a no-op and the fault
@@ -15,6 +16,7 @@ import numpy as np
 import torch
 
 from graphshard.config import Config
+from graphshard.engine.divergence import DivergenceCheck
 from graphshard.engine import Engine
 from graphshard.engine.faults import FaultGuard
 from graphshard.sample.params import SamplingParams
@@ -66,8 +68,20 @@ def _cuda_guard() -> FaultGuard:
     return guard
 
 
+def _divergence_step(check: DivergenceCheck, guard: FaultGuard, idx, cu, lens):
+    """What the divergence check adds to a CUDA step's host path (tp > 1): the verdict read of
+    the step before the previous one, and this step's digest."""
+    step = [10]
+
+    def run():
+        step[0] += 1
+        check.begin(step[0], idx, cu, lens, 12345, guard, check.flags(False, False))
+    return run
+
+
 def measure(calls: int) -> list[dict]:
     engine, guard = _engine(), _cuda_guard()
+    check = DivergenceCheck(0, 2, torch.device("cpu"), torch.zeros(1, dtype=torch.int64), one_row=True)
     rng = np.random.default_rng(0)
     rows = []
     for n in BATCHES:
@@ -98,6 +112,8 @@ def measure(calls: int) -> list[dict]:
         row["checks, new slots"] = per_call_ns(changed, calls)
         row["stage"] = per_call_ns(lambda: engine.inputs.stage(5, a, cu, lens, False), calls)
         row["fault guard (CUDA path)"] = per_call_ns(guard_step, calls)
+        row["divergence digest + verdict"] = per_call_ns(_divergence_step(check, guard, a, cu, lens),
+                                                         calls)
         row["step minus replay"] = per_call_ns(lambda: engine.step(a, cu, lens, x), calls // 4)
         row["step minus replay, new slots"] = per_call_ns(changed_step, calls // 4)
         rows.append(row)

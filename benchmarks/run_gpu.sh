@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # Every GPU test and the benchmark sweep in one call; results land under $OUT (default ./out).
-# Usage: bash benchmarks/run_gpu.sh [kernels|sampling|tests|reliability|bench|exchange|profile|host|sweep|all]...
+# Usage: bash benchmarks/run_gpu.sh [kernels|sampling|tests|reliability|divergence|bench|exchange|profile|host|sweep|all]...
 # (default: all; "kernels" runs the sampler tests compiled on one GPU, "sampling" the sampler
 # benchmark against the PyTorch sort sampler, "tests" runs tests/gpu except the long reliability
-# run, "reliability" runs it)
+# run and the divergence check's tests, "reliability" and "divergence" run those; the divergence
+# check's random run takes DIVERGENCE_RUN_STEPS steps, 10000 here)
 # Files: machine.txt, run.log (everything printed), sampling.json, bench.json, exchange.json,
 # gpu_report.jsonl, sweep/loop.{json,md,png}, sweep/auto.json.
 set -uo pipefail
@@ -22,7 +23,7 @@ status=0
 } > "$OUT/machine.txt" 2>&1
 cat "$OUT/machine.txt"
 # Budgets in seconds (one device call may run 10 minutes in all).
-T_KERNELS=${T_KERNELS:-240} T_SAMPLING=${T_SAMPLING:-300} T_TESTS=${T_TESTS:-300} T_RELIABILITY=${T_RELIABILITY:-420} T_BENCH=${T_BENCH:-90} T_SWEEP=${T_SWEEP:-300} T_PROFILE=${T_PROFILE:-120}
+T_KERNELS=${T_KERNELS:-240} T_SAMPLING=${T_SAMPLING:-300} T_TESTS=${T_TESTS:-300} T_RELIABILITY=${T_RELIABILITY:-420} T_BENCH=${T_BENCH:-90} T_SWEEP=${T_SWEEP:-300} T_PROFILE=${T_PROFILE:-120} T_DIVERGENCE=${T_DIVERGENCE:-540}
 if want kernels; then
   echo "== sampler tests, compiled" | tee -a "$log"
   timeout "$T_KERNELS" python3 -m pytest -q -rs -x --timeout=200 ${KERNEL_ARGS:-tests/gpu/test_sampler_gpu.py tests/gpu/test_kernels_gpu.py tests/sample/test_sampler.py} 2>&1 | tee -a "$log" || status=1
@@ -33,13 +34,19 @@ if want sampling; then
 fi
 if want tests; then
   echo "== tests/gpu" | tee -a "$log"
-  timeout "$T_TESTS" python3 -m pytest -q -rs --timeout=150 ${TEST_ARGS:-tests/gpu --ignore=tests/gpu/test_reliability_gpu.py} 2>&1 | tee -a "$log" || status=1
+  timeout "$T_TESTS" python3 -m pytest -q -rs --timeout=150 ${TEST_ARGS:-tests/gpu --ignore=tests/gpu/test_reliability_gpu.py --ignore=tests/gpu/test_divergence_gpu.py} 2>&1 | tee -a "$log" || status=1
 fi
 if want reliability; then
   export LONG_RUN_STEPS=${LONG_RUN_STEPS:-100000}
   echo "== tests/gpu/test_reliability_gpu.py (LONG_RUN_STEPS=$LONG_RUN_STEPS)" | tee -a "$log"
   timeout "$T_RELIABILITY" python3 -m pytest -q -rs -s --timeout=400 \
     tests/gpu/test_reliability_gpu.py 2>&1 | tee -a "$log" || status=1
+fi
+if want divergence; then
+  export DIVERGENCE_RUN_STEPS=${DIVERGENCE_RUN_STEPS:-10000}
+  echo "== tests/gpu/test_divergence_gpu.py (DIVERGENCE_RUN_STEPS=$DIVERGENCE_RUN_STEPS)" | tee -a "$log"
+  timeout "$T_DIVERGENCE" python3 -m pytest -q -rs -s --timeout=500 \
+    tests/gpu/test_divergence_gpu.py 2>&1 | tee -a "$log" || status=1
 fi
 if want bench; then
   echo "== pytest-benchmark suites" | tee -a "$log"

@@ -81,6 +81,10 @@ class Config:
     # Debug: hash the replicated inputs and slot-table history every step and compare them across
     # ranks through one small collective, so diverging ranks raise instead of sampling garbage.
     check_agreement: bool = False
+    # Compare a digest of each step's replicated inputs, slot tables and step count across ranks
+    # inside the captured step (a few bytes with the exchange); a step where the ranks diverged
+    # raises RankDivergenceError on every rank instead of returning wrong tokens.
+    divergence_check: bool = True
 
     def __post_init__(self):
         _check_int("vocab_size", self.vocab_size, 2)
@@ -106,8 +110,9 @@ class Config:
         if isinstance(self.timeout_s, bool) or not isinstance(self.timeout_s, (int, float)) \
                 or not 0 < self.timeout_s <= 86400:
             _fail("timeout_s", self.timeout_s, "must be a number of seconds in (0, 86400]")
-        if not isinstance(self.check_agreement, bool):
-            _fail("check_agreement", self.check_agreement, "must be true or false")
+        for field in ("check_agreement", "divergence_check"):
+            if not isinstance(getattr(self, field), bool):
+                _fail(field, getattr(self, field), "must be true or false")
         self._resolve_buckets()
 
     def _resolve_buckets(self):

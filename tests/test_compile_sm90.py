@@ -1,4 +1,5 @@
-"""The sampler and plan kernels compile for sm_90 (H100/H200) on a machine without a GPU.
+"""The sampler, plan and p2p kernels (with the divergence check) compile for sm_90 (H100/H200) on
+a machine without a GPU.
 
 The CPU suite runs kernels under the Triton interpreter, which accepts code the compiler
 rejects (a name rebound to another type, a non-constexpr global) and says nothing about
@@ -91,7 +92,37 @@ def report() -> list[dict]:
         rows.append(_compile(_plan_kernel, plan_args,
                              dict(TP_SIZE=2, TP_RANK=1, PADDED_NUM_REQS=1024,
                                   PADDED_NUM_LOGITS_PER_REQ=4, HAS_DRAFTS=True), 8, tmp))
+        rows += _divergence_kernels(tmp)
     return rows
+
+
+def _divergence_kernels(tmp: str) -> list[dict]:
+    """The p2p pushes with the divergence check on, and the padded transports' seal and judge."""
+    from graphshard.engine.divergence import _judge_kernel, _seal_kernel
+    from graphshard.transports.p2p import _push_records_kernel, _push_rows_kernel
+
+    def args(kernel, consts, **types):
+        names = inspect.signature(kernel.fn).parameters
+        return {n: types.get(n, "*i64") for n in names if n not in consts}
+
+    world = dict(WORLD_SIZE=2, WORLD_POW2=2)
+    rows_c = dict(world, VOCAB_SHARD=76032, MAX_BLOCKS=256, CHANNEL=0, ALL_ROWS=False, FENCE=False,
+                  AGREE=True, BLOCK=4096)
+    records_c = dict(world, WIDTH=4, WIDTH_POW2=4, REQ_TILE=32, MAX_BLOCKS=256, CHANNEL=2,
+                     FENCE_BEFORE=False, DONE=True, AGREE=True)
+    i32 = "*i32"
+    return [
+        _compile(_seal_kernel, args(_seal_kernel, {}), {}, 1, tmp),
+        _compile(_judge_kernel, args(_judge_kernel, world), world, 1, tmp),
+        _compile(_push_rows_kernel, args(
+            _push_rows_kernel, rows_c, src_ptr="*fp32", src_row_stride="i32", send_rows_ptr=i32,
+            row_offsets_ptr=i32, num_rows="i32", status_ptr=i32, rank="i32", timeout_ns="i64"),
+            rows_c, 8, tmp),
+        _compile(_push_records_kernel, args(
+            _push_records_kernel, records_c, records_ptr=i32, records_row_stride="i32",
+            local_num_reqs_ptr=i32, local_req_indices_ptr=i32, status_ptr=i32, arrivals_ptr=i32,
+            rank="i32", timeout_ns="i64"), records_c, 4, tmp),
+    ]
 
 
 @pytest.mark.skipif(_ptxas() is None, reason="this Triton build ships no NVIDIA ptxas")
@@ -103,7 +134,9 @@ def test_kernels_compile_for_sm90_and_the_scan_does_not_spill():
                           env=env, capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr[-4000:]
     rows = json.loads(done.stdout.splitlines()[-1])
-    assert {r["kernel"] for r in rows} == {"_scan_kernel", "_finish_kernel", "_plan_kernel"}
+    assert {r["kernel"] for r in rows} == {"_scan_kernel", "_finish_kernel", "_plan_kernel",
+                                           "_seal_kernel", "_judge_kernel", "_push_rows_kernel",
+                                           "_push_records_kernel"}
     for r in rows:
         assert r["spill_bytes"] == 0 or r["kernel"] != "_scan_kernel", r
         if r["kernel"] == "_scan_kernel" and not r["bitmask"]:

@@ -5,7 +5,9 @@
   a step writes;
 - `routes`: which captured graph serves a batch; `strategy`: the `auto` strategy's timed choice;
 - `faults`: bounded waits, fault reports and the step watchdog; `agreement`: the debug check that
-  every rank runs the same step; `rendezvous`: a bounded meeting of the ranks before capture.
+  every rank runs the same step; `divergence`: the default in-graph check of the same (step
+  digests judged inside the captured step); `rendezvous`: a bounded meeting of the ranks before
+  capture.
 """
 
 from __future__ import annotations

@@ -20,6 +20,7 @@ import torch.distributed as dist
 from graphshard.engine.agreement import AgreementCheck, SlotDigest, digest
 from graphshard.config import Config
 from graphshard.runtime.devices import check_kernels_run_on, resolve_device
+from graphshard.engine.divergence import DivergenceCheck
 from graphshard.errors import (EngineStateError, InvalidBatchError, InvalidParamsError, InvalidSlotError,
                                InvalidTypeError, StepFault)
 from graphshard.engine.faults import FaultGuard
@@ -43,12 +44,12 @@ IntArray = Union[np.ndarray, Sequence[int], torch.Tensor]
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 SAMPLER_CONTRACT = """A replacement sampler is a callable with the keyword signature of
-`graphshard.sampler.sample`: `(logits, *, vocab_size, num_reqs, req_slots, cu_num_logits,
+`graphshard.sample.kernels.sample`: `(logits, *, vocab_size, num_reqs, req_slots, cu_num_logits,
 seq_lens, tables, layout, records, max_num_reqs, draft_tokens, bitmask, bitmask_rows,
 bitmask_enabled)`. It runs inside the captured step, so it must:
 - read the request count from `num_reqs` (int32 [1], device) and treat `max_num_reqs` as a static
   bound: no `.item()`, `.tolist()`, `.cpu()`, `nonzero` or Python branch on tensor values;
-- write one packed record per request j < n into `records[j]` (`graphshard.records` layout) and
+- write one packed record per request j < n into `records[j]` (`graphshard.sample.records` layout) and
   allocate nothing that outlives the call;
 - draw random tokens from (slot seed, position, token id) only, if the sharded result is to
   equal the unsharded one.
@@ -157,6 +158,14 @@ class Engine:
         self.slot_digest = SlotDigest(cfg.max_num_slots)
         self.agreement = AgreementCheck(self.group, self.tp_rank, self.tp_size, self.device,
                                         cfg.timeout_s) if multi and cfg.check_agreement else None
+        self.divergence = DivergenceCheck(self.tp_rank, self.tp_size, self.device,
+                                          self.inputs.staged.done_args()[1], self._one_row) \
+            if multi and cfg.divergence_check else None
+        self._digest_slots = self.agreement is not None or self.divergence is not None
+        if self.divergence is not None and hasattr(self.backend, "register_static_buffers"):
+            d = self.divergence
+            self.backend.register_static_buffers({"divergence.mine": d.mine,
+                                                  "divergence.gathered": d.gathered})
         reporter = self.faults.reporter
         self.rendezvous = Rendezvous(reporter.store, reporter.prefix, self.tp_rank, self.tp_size,
                                      cfg.timeout_s)
@@ -183,7 +192,7 @@ class Engine:
                                    f"first, or pass replace=True to change its parameters")
         self.tables.set(slot, params)
         self.checker.activate(slot)
-        if self.agreement is not None:
+        if self._digest_slots:
             self.slot_digest.set(slot, params)
 
     def remove_request(self, slot: int) -> None:
@@ -194,7 +203,7 @@ class Engine:
                 or not (0 <= slot < self.config.max_num_slots) or not self.checker.active[slot]:
             raise InvalidSlotError(f"slot {slot!r} holds no request")
         self.checker.deactivate(slot)
-        if self.agreement is not None:
+        if self._digest_slots:
             self.slot_digest.remove(slot)
 
     def _check_slot(self, slot) -> None:
@@ -225,11 +234,13 @@ class Engine:
         cap_reqs = max(1, min(bucket, capacity))
         inp, pb, m = self.inputs, self.plan_buffers, self.config.max_num_logits_per_req
         drafts = inp.draft_token_ids if m > 1 else None
+        agree = self.divergence
 
         def step():
             fetch_and_plan(inp.staged, pb, tp_rank=self.tp_rank, gather_stride=cap_reqs,
                            max_num_logits_per_req=m, draft_token_ids=drafts)
-            full = self.transport.exchange(pb, inp.logits, None, capacity, fenced=False)
+            full = self.transport.exchange(pb, inp.logits, None, capacity, fenced=False,
+                                           agree=agree)
             self.sample(full, vocab_size=self.config.vocab_size, num_reqs=pb.local_num_reqs,
                    req_slots=pb.local_idx_mapping, cu_num_logits=pb.local_cu_num_logits,
                    seq_lens=pb.local_seq_lens, tables=self.tables, layout=self.layout,
@@ -238,19 +249,21 @@ class Engine:
                    bitmask=inp.grammar_bitmask, bitmask_rows=pb.local_row_src,
                    bitmask_enabled=inp.bitmask_on)
             self.transport.gather(pb, self.local_records, self.records, cap_reqs, bucket,
-                                  done=inp.staged)
+                                  done=inp.staged, agree=agree)
 
         return step
 
     def _replicate_fn(self, bucket: int):
         inp, m = self.inputs, self.config.max_num_logits_per_req
+        agree = self.divergence
 
         def step():
             inp.fetch()
             if self.transport is None:
                 full = inp.logits
             else:
-                full = self.transport.all_gather_vocab(inp.logits, None, bucket * m, fenced=False)
+                full = self.transport.all_gather_vocab(inp.logits, None, bucket * m, fenced=False,
+                                                       agree=agree)
             self.sample(full, vocab_size=self.config.vocab_size, num_reqs=inp.num_reqs,
                    req_slots=inp.idx_mapping, cu_num_logits=inp.cu_num_logits, seq_lens=inp.seq_lens,
                    tables=self.tables, layout=self.layout, records=self.records, max_num_reqs=bucket,
@@ -260,7 +273,7 @@ class Engine:
             if self.transport is None:
                 inp.signal_done()
             else:
-                self.transport.close(done=inp.staged)
+                self.transport.close(done=inp.staged, agree=agree)
 
         return step
 
@@ -307,6 +320,8 @@ class Engine:
         """A valid batch for warm-up, capture and timing runs (balanced slots, one row each),
         staged as the last issued step, so the device's done word stays where it is."""
         idx = np.arange(n, dtype=np.int32)
+        if self.divergence is not None:
+            self.divergence.seal_placeholder()
         self.inputs.stage_placeholder(self.steps - 1, idx, np.arange(n + 1, dtype=np.int32),
                                       np.zeros(n, np.int32))
 
@@ -358,6 +373,9 @@ class Engine:
         (and so does any divergence); without it, the refusing rank's peers are already inside
         the step, so that rank gives up (its engine refuses every later step) and the peers fail
         within `timeout_s` naming its error.
+        Ranks that diverge (other replicated inputs, slot tables or step counts) are caught inside
+        the step by the default `divergence_check`: `raise_if_failed` (on CPU this call) raises
+        `RankDivergenceError` on every rank and the step's results are discarded.
         On CUDA two steps may be in flight: this returns once the step is queued, and only waits
         for the step before the previous one. A peer that dies or stops stepping makes this (or
         `raise_if_failed`) raise `StepFault` within `timeout_s` (2 x `timeout_s` + 1 s for a
@@ -368,12 +386,17 @@ class Engine:
             self._check_open("step")
         faults, inputs = self.faults, self.inputs
         faults.check_standing()
-        idx, cu, lens = self._check_step(idx_mapping, cu_num_logits, seq_lens, logits,
-                                         draft_token_ids, grammar_bitmask)
+        idx, cu, lens, refusal = self._check_step(idx_mapping, cu_num_logits, seq_lens, logits,
+                                                  draft_token_ids, grammar_bitmask)
         n = idx.shape[0]
         num_logits = n if self._one_row else int(cu[n])
         step = self.steps
         faults.admit(step)
+        divergence = self.divergence
+        if divergence is not None:
+            divergence.begin(step, idx, cu, lens, self.slot_digest.value, faults,
+                             divergence.flags(grammar_bitmask is not None, draft_token_ids is not None,
+                                              refusal is not None))
         inputs.stage(step, idx, cu, lens, grammar_bitmask is not None)
         if not (self._one_row and grammar_bitmask is None and inputs.is_zero_copy(logits, num_logits)):
             inputs.write_tensors(logits, draft_token_ids, grammar_bitmask, num_logits)
@@ -389,6 +412,10 @@ class Engine:
         self.steps = step + 1
         if faults.synchronous:
             faults.ran(step)
+        if refusal is not None:
+            divergence.settle_refusal(step, refusal, faults.check)
+        if divergence is not None and faults.synchronous:
+            divergence.check(step)
         return route.out if route is not None else self._outputs(n)
 
     def _check_step(self, idx_mapping, cu_num_logits, seq_lens, logits, drafts, bitmask):
@@ -399,7 +426,7 @@ class Engine:
             if n < len(self._routes) or not self.captured or self.config.fallback != "error":
                 num_logits = n if self._one_row else int(cu_num_logits[n])
                 if self.inputs.tensors_fit(logits, drafts, bitmask, num_logits):
-                    return idx_mapping, cu_num_logits, seq_lens
+                    return idx_mapping, cu_num_logits, seq_lens, None
         return self._check_step_exactly(idx_mapping, cu_num_logits, seq_lens, logits, drafts, bitmask)
 
     def _check_step_exactly(self, idx_mapping, cu_num_logits, seq_lens, logits, drafts, bitmask):
@@ -421,6 +448,10 @@ class Engine:
                 else digest("refused", type(replicated_error).__name__, str(replicated_error))
             self._agree(batch, replicated_error, local_error)
         elif replicated_error is not None:
+            refused = self._refused_slot_state(replicated_error, idx_mapping, cu_num_logits, seq_lens,
+                                               logits, drafts, bitmask)
+            if refused is not None:
+                return refused
             if self.tp_size > 1:
                 self.faults.refused(self.steps, replicated_error)
             raise replicated_error
@@ -429,7 +460,27 @@ class Engine:
                 self.faults.give_up(f"step {self.steps}: its own tensors were refused: "
                                     f"{type(local_error).__name__}: {local_error}")
             raise local_error
-        return checked
+        return (*checked, None)
+
+    def _refused_slot_state(self, error, idx_mapping, cu_num_logits, seq_lens, logits, drafts,
+                            bitmask):
+        """With the divergence check, a batch refused only for naming a slot that holds no
+        request here is the one refusal that depends on this rank's own state (a missed
+        add_request): its peers may have accepted it and be inside the step already. Then the
+        step runs anyway, its digest marked refused, and every rank learns what happened
+        (`_settle_refusal`). Anything else stays refused here, identically on every rank."""
+        if self.divergence is None:
+            return None
+        try:  # the same checks less the one that looks at this rank's slots
+            idx, cu, lens = self.checker.check_exactly(idx_mapping, cu_num_logits, seq_lens,
+                                                       require_active=False)
+            if self.captured and self.graphs.bucket_for(idx.shape[0]) is None:
+                self.graphs.check_fits(idx.shape[0])
+        except (InvalidBatchError, TypeError):
+            return None
+        if self.inputs.tensor_error(logits, drafts, bitmask, int(cu[-1])) is not None:
+            return None
+        return idx, cu, lens, error
 
     def _agree(self, batch: int, replicated_error: Exception | None,
                local_error: Exception | None) -> None:
@@ -462,7 +513,10 @@ class Engine:
         a failed step's tokens calls this after reading them: it waits (bounded) for the step and
         reads two pinned words. A loop that reads results one step late passes that step's
         number (`engine.steps - 2` after issuing the next one)."""
-        self.faults.check(self.steps - 1 if step is None else step)
+        step = self.steps - 1 if step is None else step
+        self.faults.check(step)
+        if self.divergence is not None:
+            self.divergence.check(step)
 
     def fail(self, reason: str) -> None:
         """Give up on this rank (its own error, say): the peers' next steps fail within the

@@ -13,7 +13,7 @@ Paths, tp = every GPU:
   graphshard_nccl       engine, shard strategy, NCCL transport
   graphshard_replicate  engine, replicate strategy (transport auto: p2p where it runs)
   graphshard_auto       engine, auto strategy (transport auto)
-  eager_shard, eager_allgather   the eager baselines of `graphshard.baselines`
+  eager_shard, eager_allgather   the eager baselines of `graphshard.harness.baselines`
 and tp = 1, every GPU on its own: graphshard_tp1 (engine, greedy) and captured_argmax.
 """
 
@@ -37,9 +37,13 @@ from graphshard.sample.records import RecordLayout
 
 logger = logging.getLogger(__name__)
 
-# Engine paths: (transport, strategy).
-ENGINE_PATHS = {"graphshard_p2p": ("p2p", "shard"), "graphshard_nccl": ("nccl", "shard"),
-                "graphshard_replicate": ("auto", "replicate"), "graphshard_auto": ("auto", "auto")}
+# Engine paths: (transport, strategy, divergence check). The headline paths run the default
+# config (check on); the `_unchecked` ones measure the same step with it off, in the same run.
+ENGINE_PATHS = {"graphshard_p2p": ("p2p", "shard", True), "graphshard_nccl": ("nccl", "shard", True),
+                "graphshard_replicate": ("auto", "replicate", True),
+                "graphshard_auto": ("auto", "auto", True),
+                "graphshard_p2p_unchecked": ("p2p", "shard", False),
+                "graphshard_nccl_unchecked": ("nccl", "shard", False)}
 
 
 @dataclass(frozen=True)
@@ -95,8 +99,9 @@ def _align() -> None:
 
 
 # -- one rank ------------------------------------------------------------------------------------
-def _engine(cfg: Config, transport: str, strategy: str, group=None) -> Engine:
-    engine = Engine(cfg.replace(transport=transport, strategy=strategy, graph_backend="cuda"), group=group)
+def _engine(cfg: Config, transport: str, strategy: str, check: bool = True, group=None) -> Engine:
+    engine = Engine(cfg.replace(transport=transport, strategy=strategy, graph_backend="cuda",
+                                divergence_check=check), group=group)
     for slot in range(cfg.max_num_slots):
         engine.add_request(slot, SamplingParams(temperature=0.0))
     engine.capture()
@@ -133,9 +138,10 @@ def _sweep_config(rank: int, world: int, cfg: Config, settings: SweepSettings, s
 
     dtype, want = DTYPES[cfg.logits_dtype], set(settings.paths)
     engines = {name: _engine(cfg, *how) for name, how in ENGINE_PATHS.items() if name in want}
-    if "graphshard_p2p" in engines and engines["graphshard_p2p"].transport.name != "p2p":
-        logger.warning("p2p unavailable: graphshard_p2p left out")
-        engines.pop("graphshard_p2p").close()
+    for name in ("graphshard_p2p", "graphshard_p2p_unchecked"):
+        if name in engines and engines[name].transport.name != "p2p":
+            logger.warning("p2p unavailable: %s left out", name)
+            engines.pop(name).close()
     if "graphshard_auto" in engines:
         stats = engines["graphshard_auto"].stats()
         auto.append({"vocab": cfg.vocab_size, "dtype": cfg.logits_dtype, "strategy": stats["strategy"],
@@ -161,6 +167,7 @@ def _sweep_config(rank: int, world: int, cfg: Config, settings: SweepSettings, s
         shard = full[:, rank * vocab_shard:(rank + 1) * vocab_shard].contiguous()
         want_tokens = full[:, :cfg.vocab_size].argmax(dim=1).cpu()
         loops = {}  # path -> (step, read, check, tp)
+        checked = {name for name, e in engines.items() if e.divergence is not None}
         for name, e in engines.items():
             loops[name] = _engine_loop(e, idx, cu, lens, shard) + (world,)
         if "bare_allgather_graph" in want:
@@ -177,7 +184,7 @@ def _sweep_config(rank: int, world: int, cfg: Config, settings: SweepSettings, s
                 continue
             step, read, check, tp = loops[name]
             row = dict(path=name, batch=batch, vocab=cfg.vocab_size, dtype=cfg.logits_dtype, tp=tp,
-                       rank=rank, agreement=False)
+                       rank=rank, agreement=name in checked)
             row.update(time_loop(step, read, check, settings.iters, settings.warmup))
             if settings.aligned_iters:
                 row.update(time_aligned(step, read, settings.aligned_iters))

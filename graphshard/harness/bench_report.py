@@ -1,7 +1,8 @@
 """The sweep's results: merge the ranks (the slowest one counts), tables, and the files.
 
 `loop.json` is a list of rows with keys path, batch, vocab, dtype, tp, step_us, issue_us,
-step_p90_us, same_tokens, agreement (whether `check_agreement` was on), and aligned_step_us
+step_p90_us, same_tokens, agreement (whether the in-graph divergence check was on: the default
+for graphshard paths at tp > 1; `_unchecked` paths run the same step with it off), and aligned_step_us
 (the barrier-aligned step, when measured). `auto.json` holds the auto strategy's per-bucket
 choices and timings; `loop.md` the tables; `loop.png` a plot where matplotlib is installed.
 Nothing here needs a GPU.
@@ -12,8 +13,9 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-TP_PATHS = ("bare_allgather_graph", "graphshard_p2p", "graphshard_nccl", "graphshard_replicate",
-            "graphshard_auto", "eager_shard", "eager_allgather")
+TP_PATHS = ("bare_allgather_graph", "graphshard_p2p", "graphshard_p2p_unchecked", "graphshard_nccl",
+            "graphshard_nccl_unchecked", "graphshard_replicate", "graphshard_auto", "eager_shard",
+            "eager_allgather")
 TP1_PATHS = ("graphshard_tp1", "captured_argmax")
 PATHS = TP_PATHS + TP1_PATHS
 ROW_KEYS = ("path", "batch", "vocab", "dtype", "tp", "step_us", "issue_us", "step_p90_us",

@@ -13,6 +13,10 @@ A step ends with `gather` (shard) or `close` (replicate); both take `done`, the 
 that directly follows such a step end on every rank may pass `fenced=False`: the step end already
 waited for every peer to finish reading what it was sent, so the p2p transport skips the push's
 start barrier. Transports that need no such barrier ignore `fenced`.
+
+`agree` (a `graphshard.divergence.DivergenceCheck`, or None) is the step's divergence check: the
+step's push (`exchange`, `all_gather_vocab`) and its end (`gather`, `close`) take the same one,
+and the transport exchanges every rank's digest and has it judged before raising `done`.
 """
 
 from __future__ import annotations
@@ -86,6 +90,7 @@ class Transport(ABC):
                 or not 0 < timeout_s < 1e9:
             raise ValueError(f"timeout_s must be a positive number of seconds, got {timeout_s!r}")
         self.timeout_s = float(timeout_s)
+        self._wait_timeout = timedelta(seconds=self.timeout_s)
         self.group = group if group is not None else dist.group.WORLD
         self.device = resolve_device(device)
         self.tp_rank = dist.get_rank(self.group)
@@ -131,29 +136,39 @@ class Transport(ABC):
     # -- the step ---------------------------------------------------------------------------
     @abstractmethod
     def exchange(self, plan: PlanBuffers, logits_shard: torch.Tensor, out: torch.Tensor | None,
-                 capacity: int, *, fenced: bool = True) -> torch.Tensor:
+                 capacity: int, *, fenced: bool = True, agree=None) -> torch.Tensor:
         """Give each owner full-vocabulary rows: `out[j] = concat_s(shard_s[plan.local_row_src[j]])`
         for j < plan.local_num_rows. Returns the tensor holding them (`out`, or the transport's
         receive buffer when `out` is None)."""
 
     @abstractmethod
     def gather(self, plan: PlanBuffers, records: torch.Tensor, out: torch.Tensor | None,
-               capacity_reqs: int, num_out: int, *, done=None) -> torch.Tensor:
+               capacity_reqs: int, num_out: int, *, done=None, agree=None) -> torch.Tensor:
         """All ranks end with `out[i]` = the owner's record of batch request i, for i < num_out.
         Returns the tensor holding them (`out`, or the transport's output buffer). Ends a step:
         raises `done` (if given) once the records are in place."""
 
     @abstractmethod
     def all_gather_vocab(self, logits_shard: torch.Tensor, out: torch.Tensor | None,
-                         num_rows: int, *, fenced: bool = True) -> torch.Tensor:
+                         num_rows: int, *, fenced: bool = True, agree=None) -> torch.Tensor:
         """Every rank gets full-vocabulary rows `out[:num_rows]` (vocab blocks in rank order)."""
 
-    def close(self, done=None) -> None:
-        """End a step that has no `gather` (replicate), after its last read of the rows: raises
-        `done` (if given). Collective transports need nothing more; p2p adds a barrier."""
+    def close(self, done=None, agree=None) -> None:
+        """End a step that has no `gather` (replicate), after its last read of the rows: judges
+        `agree` and raises `done` (if given). p2p adds a barrier."""
         self._check_ready()
+        if agree is not None:
+            self.agree(agree)
         if done is not None:
             done.signal_done()
+
+    def agree(self, check) -> None:
+        """Exchange and judge the step's digests (graph-safe): one all-gather of 32 bytes per
+        rank. p2p pushes them with its rows instead."""
+        check.seal_on_device()
+        finish(all_gather_single(check.gathered, check.mine, group=self.group, async_op=True),
+               self.device, self._wait_timeout)
+        check.judge_gathered()
 
     @abstractmethod
     def barrier(self) -> None: ...

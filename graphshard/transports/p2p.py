@@ -47,8 +47,14 @@ transport is broken for good and `fault()` says why. Every decision a barrier br
 flag, the clock, the status word) is one value per program, so its warps never part ways on
 it (they meet at block-wide barriers inside the loop).
 
+Divergence check (`agree`, `graphshard.engine.divergence`). Program 0 of the step's row push stores
+this rank's 32-byte digest into every rank's digest slot before the push's end barrier; program 0
+of the kernel that ends the step judges the landed digests before that kernel's end barrier. No
+peer pushes the next step's digest before this rank has arrived at that barrier, so one slot per
+rank suffices, and the verdict is written before the step's done word.
+
 The record push can also end the engine's step (`done`): the last of its programs past the end
-barrier writes the step's done word (`graphshard.staging`), so the step needs no kernel for it.
+barrier writes the step's done word (`graphshard.plan.staging`), so the step needs no kernel for it.
 
 On CPU the same kernels run under the Triton interpreter against shared-file mappings, which lets
 the CPU suite run the real kernels, barriers included, across processes.
@@ -68,6 +74,7 @@ import torch.distributed as dist
 import triton
 import triton.language as tl
 
+from graphshard.engine.divergence import DIGEST_SIZE, DIGEST_WORDS, judge, load_digest
 from graphshard.runtime.launch import launch
 from graphshard.plan.layout import PlanBuffers
 from graphshard.plan.staging import signal_done
@@ -191,6 +198,9 @@ def _push_rows_kernel(
     dst_ptrs_ptr,  # [T] int64: each rank's receive buffer [max_num_rows, T * VOCAB_SHARD]
     signal_ptrs_ptr,  # [T] int64: each rank's signal pad [channels, MAX_BLOCKS, T]
     status_ptr,  # [4] int32: fault status (see _record_fault)
+    digest_addresses_ptr,  # AGREE: graphshard.engine.divergence's addresses and the step number
+    seq_ptr,
+    digest_ptrs_ptr,  # AGREE: [T] int64: each rank's digest buffer [T, DIGEST_WORDS] int64
     rank,
     timeout_ns,
     VOCAB_SHARD: tl.constexpr,
@@ -200,6 +210,7 @@ def _push_rows_kernel(
     CHANNEL: tl.constexpr,
     ALL_ROWS: tl.constexpr,
     FENCE: tl.constexpr,  # start barrier; off inside a step that follows a closed one
+    AGREE: tl.constexpr,  # push this rank's step digest too (the divergence check)
     BLOCK: tl.constexpr,
 ):
     pid = tl.program_id(0)
@@ -208,6 +219,11 @@ def _push_rows_kernel(
     if FENCE:
         ok = _sync(signal_ptrs_ptr, status_ptr, CHANNEL * MAX_BLOCKS + pid, rank, timeout_ns,
                    MAX_BLOCKS, WORLD_SIZE, WORLD_POW2)
+    if AGREE:
+        # 32 bytes to every rank, landed by this kernel's end barrier. The last program has the
+        # least row work at small batches, so its read of the pinned digest hides behind the others.
+        if pid == num_programs - 1:
+            _push_digest(digest_addresses_ptr, seq_ptr, digest_ptrs_ptr, rank, WORLD_SIZE)
 
     num_chunks = (VOCAB_SHARD + BLOCK - 1) // BLOCK
     peers = tl.arange(0, WORLD_POW2)
@@ -245,6 +261,15 @@ def _push_rows_kernel(
               MAX_BLOCKS, WORLD_SIZE, WORLD_POW2)
 
 
+@triton.jit
+def _push_digest(digest_addresses_ptr, seq_ptr, digest_ptrs_ptr, rank, WORLD_SIZE: tl.constexpr):
+    words = tl.arange(0, DIGEST_SIZE)
+    digest = load_digest(digest_addresses_ptr, seq_ptr)
+    for peer in tl.static_range(WORLD_SIZE):
+        dst = tl.load(digest_ptrs_ptr + peer).to(tl.pointer_type(tl.int64))
+        tl.store(dst + rank * DIGEST_SIZE + words, digest)
+
+
 @triton.jit(do_not_specialize=["timeout_ns"])
 def _push_records_kernel(
     records_ptr,  # [>= local_num_reqs, WIDTH] int32, local order
@@ -255,9 +280,11 @@ def _push_records_kernel(
     signal_ptrs_ptr,  # [T] int64: each rank's signal pad
     status_ptr,  # [4] int32: fault status
     arrivals_ptr,  # [1] int32: programs past the end barrier (DONE); 0 between kernels
-    done_addresses_ptr,  # DONE: graphshard.staging's addresses, meta step number, last step
+    done_addresses_ptr,  # DONE: graphshard.plan.staging's addresses, meta step number, last step
     done_seq_ptr,
     done_last_ptr,
+    digests_ptr,  # AGREE: this rank's digest buffer [T, DIGEST_WORDS] int64, filled by the row push
+    digest_addresses_ptr,  # AGREE: graphshard.engine.divergence's addresses
     rank,
     timeout_ns,
     WIDTH: tl.constexpr,
@@ -269,6 +296,7 @@ def _push_records_kernel(
     CHANNEL: tl.constexpr,
     FENCE_BEFORE: tl.constexpr,
     DONE: tl.constexpr,
+    AGREE: tl.constexpr,  # judge the digests the step's row push delivered (needs DONE)
 ):
     pid = tl.program_id(0)
     num_programs = tl.num_programs(0)
@@ -294,6 +322,12 @@ def _push_records_kernel(
         tl.store(dst + batch_rows.to(tl.int64)[:, None] * WIDTH + cols[None, :], vals, mask=mask)
         item += num_programs
 
+    if AGREE:
+        # Before the end barrier: no peer can push the next step's digest until this rank has
+        # arrived there. A program that gave up leaves the verdict to the fault. The last
+        # program has the fewest records to push at small batches.
+        if ok & (pid == num_programs - 1):
+            judge(digests_ptr, digest_addresses_ptr, done_seq_ptr, WORLD_SIZE, WORLD_POW2)
     if ok:
         _sync(signal_ptrs_ptr, status_ptr, (CHANNEL + 1) * MAX_BLOCKS + pid, rank, timeout_ns,
               MAX_BLOCKS, WORLD_SIZE, WORLD_POW2)
@@ -466,8 +500,9 @@ class P2PTransport(Transport):
                                                       torch.int32)
         self._signals, signal_ptrs = memory.allocate((_NUM_CHANNELS, self.num_blocks, self.tp_size),
                                                      torch.int32)
+        self._digests, digest_ptrs = memory.allocate((self.tp_size, DIGEST_WORDS), torch.int64)
         # Zeroed before any peer can raise a flag; zeroed rows also keep never-written rows defined.
-        for t in (self._recv, self._records_out, self._signals):
+        for t in (self._recv, self._records_out, self._signals, self._digests):
             t.zero_()
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
@@ -477,6 +512,7 @@ class P2PTransport(Transport):
         as_table = lambda ptrs: torch.tensor(ptrs, dtype=torch.int64, device=self.device)  # noqa: E731
         self._recv_ptrs, self._out_ptrs = as_table(recv_ptrs), as_table(out_ptrs)
         self._signal_ptrs = as_table(signal_ptrs)
+        self._digest_ptrs = as_table(digest_ptrs)
         self._no_rows = torch.zeros(self.tp_size + 1, dtype=torch.int32, device=self.device)
         self._no_records = torch.zeros(1, self.record_width, dtype=torch.int32, device=self.device)
         self._no_done = torch.zeros(2, dtype=torch.int64, device=self.device)  # DONE off: unread
@@ -540,69 +576,79 @@ class P2PTransport(Transport):
 
     # -- launchers --------------------------------------------------------------------------
     def _push_rows(self, logits_shard, send_rows, row_offsets, *, num_rows: int, all_rows: bool,
-                   fenced: bool):
+                   fenced: bool, agree=None):
+        digest_args = (agree.addresses, agree.seq, self._digest_ptrs) if agree is not None \
+            else (self._no_done,) * 3
         launch(_push_rows_kernel, (self.num_blocks,),
                logits_shard, logits_shard.stride(0), send_rows, row_offsets, num_rows,
-               self._recv_ptrs, self._signal_ptrs, self._status, self.tp_rank, self._timeout_ns,
+               self._recv_ptrs, self._signal_ptrs, self._status, *digest_args, self.tp_rank,
+               self._timeout_ns,
                VOCAB_SHARD=self.vocab_shard, WORLD_SIZE=self.tp_size,
                WORLD_POW2=triton.next_power_of_2(self.tp_size), MAX_BLOCKS=self.num_blocks,
-               CHANNEL=_CH_ROWS, ALL_ROWS=all_rows, FENCE=fenced, BLOCK=self._row_block,
+               CHANNEL=_CH_ROWS, ALL_ROWS=all_rows, FENCE=fenced, AGREE=agree is not None,
+               BLOCK=self._row_block,
                num_warps=8 if self._row_block >= 2048 else 4)
         self._peers_synced = True
 
-    def _push_records(self, records, local_num_reqs, local_req_indices, *, done=None,
+    def _push_records(self, records, local_num_reqs, local_req_indices, *, done=None, agree=None,
                       channel: int = _CH_RECORDS, grid: int | None = None):
+        if agree is not None and done is None:
+            raise ValueError("the divergence check judges at the step's end: pass done too")
         done_args = done.done_args() if done is not None else (self._no_done,) * 3
+        agree_args = (self._digests, agree.addresses) if agree is not None else (self._no_done,) * 2
         launch(_push_records_kernel, (grid or self._record_blocks,),
                records, records.stride(0), local_num_reqs, local_req_indices,
                self._out_ptrs, self._signal_ptrs, self._status, self._arrivals, *done_args,
-               self.tp_rank, self._timeout_ns,
+               *agree_args, self.tp_rank, self._timeout_ns,
                WIDTH=self.record_width, WIDTH_POW2=triton.next_power_of_2(self.record_width),
                REQ_TILE=self._req_tile, WORLD_SIZE=self.tp_size,
                WORLD_POW2=triton.next_power_of_2(self.tp_size), MAX_BLOCKS=self.num_blocks,
-               CHANNEL=channel, FENCE_BEFORE=not self._peers_synced, DONE=done is not None)
+               CHANNEL=channel, FENCE_BEFORE=not self._peers_synced, DONE=done is not None,
+               AGREE=agree is not None)
         self._peers_synced = False
 
-    def _close(self, done):
+    def _close(self, done, agree=None):
         # A record push with nothing to push: its end barrier on its own channel, and `done`.
-        self._push_records(self._no_records, self._no_rows, self._no_rows, done=done,
+        self._push_records(self._no_records, self._no_rows, self._no_rows, done=done, agree=agree,
                            channel=_CH_CLOSE, grid=1)
 
     # -- the step ---------------------------------------------------------------------------
     def exchange(self, plan: PlanBuffers, logits_shard: torch.Tensor, out: torch.Tensor | None = None,
-                 capacity: int | None = None, *, fenced: bool = True) -> torch.Tensor:
+                 capacity: int | None = None, *, fenced: bool = True, agree=None) -> torch.Tensor:
         self._check_logits(logits_shard)
         self._check_plan(plan)
         capacity = self.max_num_rows if capacity is None else capacity
         self._check_rows_out(out, capacity)
         self._push_rows(logits_shard, plan.send_rows, plan.owner_row_offsets, num_rows=0,
-                        all_rows=False, fenced=fenced)
+                        all_rows=False, fenced=fenced, agree=agree)
         return self._deliver(self._recv, out, capacity)
 
     def gather(self, plan: PlanBuffers, records: torch.Tensor, out: torch.Tensor | None = None,
                capacity_reqs: int | None = None, num_out: int | None = None, *,
-               done=None) -> torch.Tensor:
+               done=None, agree=None) -> torch.Tensor:
         num_out = self.max_num_reqs if num_out is None else num_out
         capacity_reqs = self.max_num_reqs if capacity_reqs is None else capacity_reqs
         self._check_records(records, out, capacity_reqs, num_out)
         self._check_plan(plan)
-        self._push_records(records, plan.local_num_reqs, plan.local_req_indices, done=done)
+        self._push_records(records, plan.local_num_reqs, plan.local_req_indices, done=done,
+                           agree=agree)
         return self._deliver(self._records_out, out, num_out)
 
     def all_gather_vocab(self, logits_shard: torch.Tensor, out: torch.Tensor | None = None,
-                         num_rows: int | None = None, *, fenced: bool = True) -> torch.Tensor:
+                         num_rows: int | None = None, *, fenced: bool = True,
+                         agree=None) -> torch.Tensor:
         num_rows = self.max_num_rows if num_rows is None else num_rows
         self._check_logits(logits_shard, num_rows)
         self._check_rows_out(out, num_rows, "num_rows")
         self._push_rows(logits_shard, self._no_rows, self._no_rows, num_rows=num_rows,
-                        all_rows=True, fenced=fenced)
+                        all_rows=True, fenced=fenced, agree=agree)
         return self._deliver(self._recv, out, num_rows)
 
-    def close(self, done=None) -> None:
+    def close(self, done=None, agree=None) -> None:
         """End a step whose last push was an all-gather: one barrier after the sampler (start
-        barrier reused from the push), with `done` fused."""
+        barrier reused from the push), with `done` (and the divergence verdict) fused."""
         self._check_ready()
-        self._close(done)
+        self._close(done, agree)
 
     def barrier(self):
         self._check_ready()

@@ -67,7 +67,7 @@ class PaddedTransport(Transport):
 
     # -- the step ---------------------------------------------------------------------------
     def exchange(self, plan: PlanBuffers, logits_shard: torch.Tensor, out: torch.Tensor | None,
-                 capacity: int, *, fenced: bool = True) -> torch.Tensor:
+                 capacity: int, *, fenced: bool = True, agree=None) -> torch.Tensor:
         self._check_logits(logits_shard)
         self._check_plan(plan)
         if capacity < 1:
@@ -100,9 +100,11 @@ class PaddedTransport(Transport):
         out[:rows].unflatten(1, (t, vs)).copy_(blocks.view(t, rows, vs).transpose(0, 1))
 
     def gather(self, plan: PlanBuffers, records: torch.Tensor, out: torch.Tensor | None,
-               capacity_reqs: int, num_out: int, *, done=None) -> torch.Tensor:
+               capacity_reqs: int, num_out: int, *, done=None, agree=None) -> torch.Tensor:
         self._check_records(records, out, capacity_reqs, num_out)
         self._check_plan(plan)
+        if agree is not None:
+            self.agree(agree)
         out = self._records_out if out is None else out
         gathered = self._gathered[:self.tp_size * capacity_reqs]
         self._all_gather(gathered, self._contiguous_rows(records, capacity_reqs, self._records_stage))
@@ -112,7 +114,7 @@ class PaddedTransport(Transport):
         return out
 
     def all_gather_vocab(self, logits_shard: torch.Tensor, out: torch.Tensor | None,
-                         num_rows: int, *, fenced: bool = True) -> torch.Tensor:
+                         num_rows: int, *, fenced: bool = True, agree=None) -> torch.Tensor:
         self._check_logits(logits_shard, num_rows)
         self._check_rows_out(out, num_rows, "num_rows")
         out = self._rows_out if out is None else out

@@ -436,6 +436,14 @@ def test_replicated_mistakes_raise_the_same_on_every_rank_and_the_next_step_is_e
     """Extends tests/engine/test_engine.py's check (five kinds, then one greedy step) to every kind of
     replicated mistake, each followed by a sharded step compared with the oracle."""
     r0, r1 = spawn(_every_replicated_mistake, 2, 7, timeout_s=300)
-    assert r0 == r1  # same errors, same messages, same (empty) changes
-    for result in r0:
-        assert_refused_cleanly(result)
+    for f, a, b in zip(REPLICATED, r0, r1):
+        if f is slot_unknown:
+            # The one refusal that depends on a rank's own slots: with the divergence check (the
+            # default) the ranks run the step, its results discarded, to learn that every rank
+            # refused alike (RELIABILITY.md, "A missed add_request"). The same error, no request
+            # gained or lost, and the next step exact.
+            for result in (a, b):
+                result["changed"] = [k for k in result["changed"]
+                                     if k.startswith("slots.") or k == "active"]
+        assert a == b  # same errors, same messages, same (empty) changes
+        assert_refused_cleanly(a)

@@ -1,0 +1,214 @@
+"""The always-on rank-divergence check: a digest of what must agree, compared inside the step.
+
+The sharded step is only correct while every rank passes the same replicated inputs and holds
+the same slot tables. Each step the host writes a 32-byte digest next to its staged inputs (a
+pinned, double-buffered row, like `graphshard.plan.staging`): [step, inputs, slots, spare] as int64.
+- step: left to the device, which fills in the step number it fetched;
+- inputs: CRC-32 of the replicated arrays, plus flags in the high word (bitmask on, drafts
+  given, and "refused": this rank refused the batch for a slot that holds no request here);
+- slots: the XOR of per-slot hashes of (slot, params) that `add_request`/`remove_request`
+  maintain (`graphshard.engine.agreement.SlotDigest`).
+The captured step exchanges the digests (p2p: pushed with the rows; nccl/gloo: one all-gather of
+32 bytes per rank at the step's end) and `judge` compares them with rank 0's. Every rank judges
+the same digests, so every rank reaches the same verdict; a step whose digests differ writes it
+into a pinned host row, which the host reads with one NumPy load once the step has finished.
+Nothing syncs with the host and nothing branches on the host inside the step.
+"""
+
+from __future__ import annotations
+
+import zlib
+
+import numpy as np
+import torch
+import triton
+import triton.language as tl
+
+from graphshard.errors import RankDivergenceError
+from graphshard.runtime.launch import launch
+
+DIGEST_WORDS = 4  # int64: step, inputs, slots, spare
+# int64: step, any, step mask, inputs mask, slots mask, refused mask, rank 0's step, spare
+VERDICT_WORDS = 8
+_BITMASK_ON, _DRAFTS, _REFUSED = 1 << 32, 1 << 33, 1 << 34
+# For the kernels (Triton reads module globals only as constexpr instances).
+REFUSED = tl.constexpr(_REFUSED)
+NOT_REFUSED = tl.constexpr(~_REFUSED)
+DIGEST_SIZE = tl.constexpr(DIGEST_WORDS)
+
+
+@triton.jit
+def load_digest(digest_addresses_ptr, seq_ptr):
+    """This rank's digest [DIGEST_WORDS] int64 of the step whose number `seq_ptr` holds, read from
+    the pinned rows, with the step number filled in."""
+    seq = tl.load(seq_ptr)
+    rows = tl.load(digest_addresses_ptr).to(tl.pointer_type(tl.int64))
+    words = tl.arange(0, 4)
+    digest = tl.load(rows + (seq & 1) * 4 + words, volatile=True)
+    return tl.where(words == 0, seq, digest)
+
+
+@triton.jit
+def _rank_mask(differ, ranks):
+    return tl.sum(tl.where(differ, tl.full(ranks.shape, 1, tl.int64) << ranks.to(tl.int64), 0),
+                  axis=0)
+
+
+@triton.jit
+def judge(digests_ptr, digest_addresses_ptr, seq_ptr, WORLD_SIZE: tl.constexpr,
+          WORLD_POW2: tl.constexpr):
+    """Compare every rank's digest (`digests_ptr` [WORLD_SIZE, DIGEST_WORDS] int64) with rank 0's;
+    on any difference write the verdict into the pinned row of this step's parity. Called by one
+    program, before the step's done word is written (by it, or by a program that synchronizes
+    with it)."""
+    ranks = tl.arange(0, WORLD_POW2)
+    live = ranks < WORLD_SIZE
+    base = digests_ptr + ranks * 4
+    steps = tl.load(base, mask=live, other=0)
+    inputs = tl.load(base + 1, mask=live, other=0)
+    slots = tl.load(base + 2, mask=live, other=0)
+    step0 = tl.load(digests_ptr)
+    inputs0 = tl.load(digests_ptr + 1) & NOT_REFUSED
+    slots0 = tl.load(digests_ptr + 2)
+    step_mask = _rank_mask(live & (steps != step0), ranks)
+    inputs_mask = _rank_mask(live & ((inputs & NOT_REFUSED) != inputs0), ranks)
+    slots_mask = _rank_mask(live & (slots != slots0), ranks)
+    refused_mask = _rank_mask(live & ((inputs & REFUSED) != 0), ranks)
+    verdict = step_mask | inputs_mask | slots_mask | refused_mask
+    if verdict != 0:
+        seq = tl.load(seq_ptr)
+        row = tl.load(digest_addresses_ptr + 1).to(tl.pointer_type(tl.int64)) + (seq & 1) * 8
+        tl.store(row + 1, verdict)
+        tl.store(row + 2, step_mask)
+        tl.store(row + 3, inputs_mask)
+        tl.store(row + 4, slots_mask)
+        tl.store(row + 5, refused_mask)
+        tl.store(row + 6, step0)  # the message names rank 0's step: the same text everywhere
+        tl.store(row, seq)  # last: the row names its step only once it is whole
+        # The verdict (host memory) is visible before anything this program does next, such as
+        # the arrival that lets another program write the done word.
+        tl.debug_barrier()
+        tl.atomic_add(digests_ptr + 3, 0, sem="release", scope="sys")
+
+
+@triton.jit
+def _seal_kernel(digest_addresses_ptr, seq_ptr, mine_ptr):
+    words = tl.arange(0, 4)
+    tl.store(mine_ptr + words, load_digest(digest_addresses_ptr, seq_ptr))
+
+
+@triton.jit
+def _judge_kernel(digests_ptr, digest_addresses_ptr, seq_ptr, WORLD_SIZE: tl.constexpr,
+                  WORLD_POW2: tl.constexpr):
+    judge(digests_ptr, digest_addresses_ptr, seq_ptr, WORLD_SIZE, WORLD_POW2)
+
+
+class DivergenceCheck:
+    """One engine's digests and verdicts (host side), and what the transports pass its kernels.
+
+    `begin` runs on the step's host path (no device call, no buffer allocated); `check` reads the
+    pinned verdict row of a step once it has finished."""
+
+    def __init__(self, rank: int, world_size: int, device: torch.device, seq: torch.Tensor,
+                 one_row: bool):
+        pinned = device.type == "cuda"
+        self.rank, self.world_size, self.device = rank, world_size, device
+        self.seq = seq  # the device's int64 step number of the running step (staging's meta)
+        self._one_row = one_row  # then cu_num_logits is always 0..n: nothing to hash
+        self.rows = torch.zeros(2, DIGEST_WORDS, dtype=torch.int64, pin_memory=pinned)
+        self.verdicts = torch.full((2, VERDICT_WORDS), -1, dtype=torch.int64, pin_memory=pinned)
+        self._rows = self.rows.numpy()
+        self._verdicts = self.verdicts.numpy()
+        self.addresses = torch.tensor([self.rows.data_ptr(), self.verdicts.data_ptr()],
+                                      dtype=torch.int64).to(device)
+        self.mine = torch.zeros(DIGEST_WORDS, dtype=torch.int64, device=device)
+        self.gathered = torch.zeros(world_size * DIGEST_WORDS, dtype=torch.int64, device=device)
+        self.reported = -1  # the last step whose divergence (or refusal) was raised
+
+    # -- host path ----------------------------------------------------------------------------
+    def begin(self, step: int, idx, cu, lens, slots: int, faults, flags: int) -> None:
+        """Step `step`'s host part, after `faults.admit(step)`: on CUDA, raise first for a finished
+        step (step - 2: admit waited for it) judged divergent that no call has raised for yet,
+        so its tokens never pass unnoticed; then seal this step's digest."""
+        if not faults.synchronous and step - 2 > self.reported \
+                and self._verdicts[step & 1, 0] == step - 2:
+            faults.abandon(step)
+            self.check(step - 2)
+        self.seal(step, idx, cu, lens, slots, flags)
+
+    def settle_refusal(self, step: int, refusal: Exception, wait) -> None:
+        """This rank refused step `step` for a slot it holds no request in and ran the step only
+        so its peers would learn it: once `wait(step)` returns the step is judged; raise the
+        refusal itself where every rank refused alike, else the divergence."""
+        wait(step)
+        if not self.only_refusals(step):
+            self.check(step)
+        self.reported = max(self.reported, step)
+        raise refusal
+
+    def seal(self, step: int, idx: np.ndarray, cu: np.ndarray, lens: np.ndarray, slots: int,
+             flags: int) -> None:
+        """Write step `step`'s digest into its row (step - 2 has finished: the row is free)."""
+        try:
+            h = digest_arrays(idx, cu, lens, self._one_row)
+        except BufferError:  # a non-contiguous array on the exact-check path
+            h = digest_arrays(*(np.ascontiguousarray(a) for a in (idx, cu, lens)), self._one_row)
+        row = self._rows[step & 1]
+        row[1] = h | flags
+        row[2] = slots
+
+    def seal_placeholder(self) -> None:
+        """The same digest in both rows on every rank: warm-up, capture and timing runs agree."""
+        self._rows[:] = 0
+
+    @staticmethod
+    def flags(bitmask_on: bool, drafts: bool, refused: bool = False) -> int:
+        return (_BITMASK_ON if bitmask_on else 0) | (_DRAFTS if drafts else 0) | \
+            (_REFUSED if refused else 0)
+
+    def check(self, step: int) -> None:
+        """Raise `RankDivergenceError` if finished step `step` diverged."""
+        if step >= 0 and self._verdicts[step & 1, 0] == step:
+            self.reported = max(self.reported, step)
+            raise RankDivergenceError(self.describe(step))
+
+    def only_refusals(self, step: int) -> bool:
+        """Every rank refused step `step` the same way and nothing else differed."""
+        v = self._verdicts[step & 1]
+        everyone = (1 << self.world_size) - 1
+        return v[0] == step and v[5] == everyone and not (v[2] | v[3] | v[4])
+
+    def describe(self, step: int) -> str:
+        """The verdict of step `step` in words, the same on every rank."""
+        v = self._verdicts[step & 1]
+        parts = [f"ranks {_ranks(v[mask])} differ from rank 0 in their {what}"
+                 for mask, what in ((2, "step counts (a rank skipped or repeated a step)"),
+                                    (3, "replicated step inputs"),
+                                    (4, "active requests and their sampling parameters"))
+                 if v[mask]]
+        if v[5]:
+            parts.append(f"ranks {_ranks(v[5])} refused the batch (a slot in it holds no "
+                         "request there)")
+        return (f"step {v[6]} (rank 0's count): the ranks diverged: {'; '.join(parts)}; its "
+                "results were discarded; every rank must make identical calls")
+
+    # -- the step's end, on padded transports (p2p does this inside its own kernels) ------------
+    def seal_on_device(self) -> None:
+        """This rank's digest into `mine`, for a collective to gather (graph-safe)."""
+        launch(_seal_kernel, (1,), self.addresses, self.seq, self.mine)
+
+    def judge_gathered(self) -> None:
+        """Judge `gathered` (every rank's digest, rank order) and write the verdict (graph-safe)."""
+        launch(_judge_kernel, (1,), self.gathered, self.addresses, self.seq,
+               WORLD_SIZE=self.world_size, WORLD_POW2=triton.next_power_of_2(self.world_size))
+
+
+def digest_arrays(idx: np.ndarray, cu: np.ndarray, lens: np.ndarray, one_row: bool) -> int:
+    """CRC-32 of the replicated int32 arrays (cu_num_logits left out where it is always 0..n)."""
+    h = zlib.crc32(lens, zlib.crc32(idx))
+    return h if one_row else zlib.crc32(cu, h)
+
+
+def _ranks(mask) -> list[int]:
+    mask = int(mask)
+    return [r for r in range(mask.bit_length()) if mask >> r & 1]

@@ -1,0 +1,133 @@
+"""The default divergence check on CPU (gloo, and p2p kernels under the interpreter): every kind of
+rank divergence raises the same `RankDivergenceError` on every rank, no step that passes
+returns a wrong token, and the engine goes on once the ranks agree again."""
+
+import os
+
+import numpy as np
+import pytest
+import torch
+
+from graphshard.config import Config
+from graphshard.harness.distributed import spawn
+from graphshard.engine.divergence import DivergenceCheck, digest_arrays
+from graphshard.engine import Engine
+from graphshard.errors import InvalidBatchError, RankDivergenceError
+from graphshard.sample.params import SamplingParams
+
+CFG = Config(vocab_size=40, vocab_pad_multiple=8, max_num_reqs=4, max_num_logits_per_req=2,
+             max_num_slots=6, buckets=(2, 4), graph_backend="emulated", timeout_s=30.0)
+
+
+def _batch(rng: np.random.Generator, vocab: int, n: int = 2):
+    """Replicated inputs (the same draws on every rank) and full-vocabulary logits with one clear
+    winner per row, so greedy rows have one right token."""
+    idx = np.arange(n, dtype=np.int32)
+    cu = np.arange(n + 1, dtype=np.int32)
+    lens = rng.integers(1, 30, n).astype(np.int32)
+    full = torch.from_numpy(rng.standard_normal((n, vocab)).astype(np.float32))
+    winners = rng.integers(0, CFG.vocab_size, n)
+    full[np.arange(n), winners] = 50.0
+    return idx, cu, lens, full, winners
+
+
+def diverging_run(rank, world, cfg):
+    """Each kind of divergence on rank 1, agreeing steps in between: what every step gave
+    (also run on GPUs by tests/gpu/test_divergence_gpu.py)."""
+    engine = Engine(cfg)
+    engine.capture()
+    for slot in range(4):
+        engine.add_request(slot, SamplingParams(temperature=0.0))
+    rng = np.random.default_rng(3)
+    lo, hi = engine.shard_columns()
+    results = []
+
+    def attempt(kind, idx, cu, lens, full, winners, bad_rank=1):
+        shard = full[:, lo:hi].contiguous().to(engine.device)
+        try:
+            out = engine.step(idx, cu, lens, shard)
+            tokens = out.sampled_token_ids[:, 0].tolist()
+            engine.raise_if_failed()
+        except InvalidBatchError as e:
+            results.append((kind, type(e).__name__, str(e)))
+            return
+        # A step that passed: its tokens must be right.
+        results.append((kind, "ok", tokens == winners.tolist()))
+
+    def agreeing(kind="agree"):
+        attempt(kind, *_batch(rng, engine.vocab))
+
+    agreeing()
+    idx, cu, lens, full, win = _batch(rng, engine.vocab)
+    attempt("slots", idx + 2 * (rank == 1), cu, lens, full, win)  # rank 1 names other slots
+    agreeing()
+    idx, cu, lens, full, win = _batch(rng, engine.vocab)
+    two_rows = np.array([0, 2, 3] if rank == 1 else [0, 1, 3], np.int32)  # same rows in total
+    attempt("cu_num_logits", idx, two_rows, lens, torch.cat([full, full[:1]]), win)
+    idx, cu, lens, full, win = _batch(rng, engine.vocab)
+    attempt("seq_lens", idx, cu, lens + (rank == 1), full, win)
+    agreeing()
+    engine.add_request(4, SamplingParams(temperature=0.7 if rank == 1 else 0.0))
+    idx, cu, lens, full, win = _batch(rng, engine.vocab)
+    attempt("params", np.array([4, 1], np.int32), cu, lens, full, win)
+    engine.add_request(4, SamplingParams(temperature=0.0), replace=True)  # they agree again
+    if rank == 0:
+        engine.add_request(5, SamplingParams(temperature=0.0))  # rank 1 misses this one
+    idx, cu, lens, full, win = _batch(rng, engine.vocab)
+    attempt("missed_add_request", np.array([5, 1], np.int32), cu, lens, full, win)
+    if rank == 0:
+        engine.remove_request(5)
+    agreeing()
+    # Every rank refuses the same way: the refusal itself, on every rank.
+    attempt("refused_everywhere", np.array([5, 1], np.int32), cu, lens, full, win)
+    if rank == 1:
+        engine.steps += 1  # as if this rank had issued one more step than its peers
+    agreeing("skipped_step")
+    engine.close()
+    return results
+
+
+def check_outcomes(r0, r1):
+    """Every rank saw the same; every divergence raised naming what differed; no wrong token."""
+    assert r0 == r1, (r0, r1)  # the same outcome and the same message on both ranks
+    got = {kind: (outcome, detail) for kind, outcome, detail in r0 if kind != "agree"}
+    for kind, outcome, detail in r0:
+        if outcome == "ok":
+            assert detail is True, f"{kind}: a step that passed returned a wrong token"
+    assert all(o == "ok" for k, o, _ in r0 if k == "agree")  # usable again once ranks agree
+    what = {"slots": "replicated step inputs", "cu_num_logits": "replicated step inputs",
+            "seq_lens": "replicated step inputs",
+            "params": "active requests and their sampling parameters",
+            "missed_add_request": "ranks [1] refused the batch",
+            "skipped_step": "step counts"}
+    for kind, phrase in what.items():
+        outcome, message = got[kind]
+        assert outcome == "RankDivergenceError", (kind, got[kind])
+        assert phrase in message and "ranks [1]" in message, (kind, message)
+    assert got["refused_everywhere"] == ("InvalidBatchError",
+                                         "slot 5 holds no request; call add_request first")
+
+
+@pytest.mark.parametrize("transport", ["gloo", "p2p"])
+def test_every_divergence_raises_on_every_rank_and_no_wrong_token_passes(transport):
+    if transport == "p2p" and os.environ.get("TRITON_INTERPRET") != "1":
+        pytest.skip("p2p kernels on CPU run under TRITON_INTERPRET=1")
+    check_outcomes(*spawn(diverging_run, 2, CFG.replace(transport=transport), timeout_s=300))
+
+
+def test_the_digest_sees_every_replicated_array():
+    idx, cu, lens = np.arange(3, dtype=np.int32), np.arange(4, dtype=np.int32), np.zeros(3, np.int32)
+    base = digest_arrays(idx, cu, lens, one_row=False)
+    assert digest_arrays(idx, cu, lens + 1, one_row=False) != base
+    assert digest_arrays(idx[::-1].copy(), cu, lens, one_row=False) != base
+    assert digest_arrays(idx, np.array([0, 2, 3, 4], np.int32), lens, one_row=False) != base
+    assert DivergenceCheck.flags(True, False) != DivergenceCheck.flags(False, False)
+
+
+def test_the_check_is_on_by_default_and_a_preset_can_turn_it_off(tmp_path):
+    assert Config(vocab_size=10, max_num_reqs=2).divergence_check is True
+    preset = tmp_path / "off.toml"
+    preset.write_text("[engine]\nvocab_size = 10\nmax_num_reqs = 2\ndivergence_check = false\n")
+    assert Config.from_toml(preset).divergence_check is False
+    with pytest.raises(ValueError, match="divergence_check"):
+        Config(vocab_size=10, max_num_reqs=2, divergence_check=1)
