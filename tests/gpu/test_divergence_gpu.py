@@ -16,7 +16,7 @@ from graphshard.harness.distributed import spawn
 from graphshard.engine import Engine
 from graphshard.errors import InvalidBatchError, RankDivergenceError
 from graphshard.sample.params import SamplingParams
-from tests.test_divergence import CFG, check_outcomes, diverging_run
+from tests.engine.test_divergence import CFG, check_outcomes, diverging_run
 
 pytestmark = pytest.mark.skipif(
     not torch.cuda.is_available() or torch.cuda.device_count() < 2, reason="needs 2 CUDA GPUs")
