@@ -49,11 +49,11 @@ seq_lens, tables, layout, records, max_num_reqs, draft_tokens, bitmask, bitmask_
 bitmask_enabled)`. It runs inside the captured step, so it must:
 - read the request count from `num_reqs` (int32 [1], device) and treat `max_num_reqs` as a static
   bound: no `.item()`, `.tolist()`, `.cpu()`, `nonzero` or Python branch on tensor values;
-- write one packed record per request j < n into `records[j]` (`graphshard.sample.records` layout) and
-  allocate nothing that outlives the call;
+- write one packed record per request j < n into `records[j]` (`graphshard.sample.records`
+  layout) and allocate nothing that outlives the call;
 - draw random tokens from (slot seed, position, token id) only, if the sharded result is to
   equal the unsharded one.
-`graphshard.testing.check_graph_safe` (CPU, emulated graphs) checks a sampler against the first
+`graphshard.harness.testing.check_graph_safe` (CPU, emulated graphs) checks a sampler against the first
 two rules; an Engine built with it on the emulated backend refuses violations at capture."""
 
 

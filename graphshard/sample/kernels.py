@@ -49,13 +49,15 @@ single row spreads over many SMs. Two launches:
    greedy argmax, the NaN flag and (random rows that may need it) the unfiltered Gumbel-max
    winner. Rows with filters or logprobs read it a second time (from L2) to capture their
    candidates into the row's pool (`graphshard.sample.candidates`) and to sum the softmax masses.
-2. `_finish_kernel`, grid `(max_num_reqs,)`: settles each row (`graphshard.sample.resolve`):
+2. `_finish_kernel`, grid `(max_num_reqs * M,)`, one program per row: settles the row
+   (`graphshard.sample.resolve`):
    the greedy and unfiltered tokens combine the chunks; top-k, top-p, min-p and the top-K
    logprobs come from the pool whenever their thresholds lie above every chunk's capture floor,
    which is checked, so an answer from the pool is exact. Rows the pool cannot settle
    (adversarial rows: thousands of ties at a threshold, kept sets larger than the pool) take
    whole-row passes of `graphshard.sample.rows` in this program; `SamplerWorkspace.paths`
-   counts them. Then it verifies drafts and writes the request's record.
+   counts them. The last of a request's rows to settle (an arrival counter) verifies the
+   drafts and writes the request's record.
 Greedy and unfiltered random rows are read once in total; CHUNK depends only on the
 vocabulary, not on the batch.
 """
