@@ -7,6 +7,7 @@ import logging
 import torch
 import torch.distributed as dist
 
+from graphshard.config import TRANSPORTS
 from graphshard.runtime.devices import resolve_device
 from graphshard.transports.base import Transport, doubling_tiers, pick_tier
 from graphshard.transports.p2p import P2PTransport, p2p_unavailable_reason
@@ -14,7 +15,7 @@ from graphshard.transports.padded import PaddedTransport
 
 logger = logging.getLogger(__name__)
 
-TRANSPORT_KINDS = ("p2p", "nccl", "gloo", "auto")
+TRANSPORT_KINDS = TRANSPORTS  # the one list, in graphshard.config
 
 __all__ = ["TRANSPORT_KINDS", "Transport", "PaddedTransport", "P2PTransport", "make_transport",
            "doubling_tiers", "pick_tier", "p2p_unavailable_reason"]
