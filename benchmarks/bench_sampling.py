@@ -26,13 +26,10 @@ import numpy as np
 import torch
 
 from benchmarks.sampling_modes import (BATCHES, MAX_LOGPROBS, MODES, SHAPES, TorchSortSampler,
-                                       make_logits)
-from benchmarks.timing import graph_of, replay_us
+                                       make_logits, sampler_call)
+from benchmarks.timing import captured, graph_of, replay_us
 from graphshard.config import Config
 from graphshard.engine import Engine
-from graphshard.sample.params import SlotTables
-from graphshard.sample.records import RecordLayout
-from graphshard.sample.kernels import SamplerWorkspace, sample
 
 
 def loop_us(step, iters: int, warmup: int = 5) -> dict:
@@ -55,21 +52,7 @@ def loop_us(step, iters: int, warmup: int = 5) -> dict:
 def sampler_alone(logits, batch, vocab, params, device) -> tuple[float, dict]:
     """GPU µs per sampler call (graph of 10 calls, events) and the rows that took the slower
     paths during the timed calls (`SamplerWorkspace.paths`)."""
-    layout = RecordLayout(1, MAX_LOGPROBS)
-    tables = SlotTables(batch, device)
-    for slot in range(batch):
-        tables.set(slot, params)
-    records = torch.zeros(batch, layout.width, dtype=torch.int32, device=device)
-    idx = torch.arange(batch, dtype=torch.int32, device=device)
-    cu = torch.arange(batch + 1, dtype=torch.int32, device=device)
-    n = torch.tensor([batch], dtype=torch.int32, device=device)
-    lens = torch.full((batch,), 100, dtype=torch.int32, device=device)
-    ws = SamplerWorkspace.allocate(batch, 1, vocab, device)
-
-    def call():
-        sample(logits, vocab_size=vocab, num_reqs=n, req_slots=idx, cu_num_logits=cu, seq_lens=lens,
-               tables=tables, layout=layout, records=records, max_num_reqs=batch, workspace=ws)
-
+    call, ws = sampler_call(logits, vocab, params, MAX_LOGPROBS, device)
     graph = graph_of(call, 10)
     before = ws.paths()
     stats = replay_us(graph, 10, trials=10)
@@ -127,21 +110,6 @@ def _read(*tensors) -> None:
     for t in tensors:
         if t is not None:
             t.cpu()
-
-
-def captured(fn):
-    """(graph, its output): `fn` captured in a CUDA graph after a warm-up on a side stream."""
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(stream):
-        for _ in range(3):
-            fn()
-    torch.cuda.current_stream().wait_stream(stream)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        out = fn()
-    torch.cuda.synchronize()
-    return graph, out
 
 
 def _line(rows: list[dict]) -> str:

@@ -16,12 +16,9 @@ import numpy as np
 import torch
 from torch.profiler import ProfilerActivity, profile
 
-from benchmarks.sampling_modes import MAX_LOGPROBS, MODES, make_logits
+from benchmarks.sampling_modes import MAX_LOGPROBS, MODES, make_logits, sampler_call
 from graphshard.config import Config
 from graphshard.engine import Engine
-from graphshard.sample.params import SlotTables
-from graphshard.sample.records import RecordLayout
-from graphshard.sample.kernels import SamplerWorkspace, sample
 
 CALLS = 20
 
@@ -40,22 +37,6 @@ def kernel_us(fn, calls: int = CALLS) -> dict[str, float]:
         if event.device_type == torch.autograd.DeviceType.CUDA:
             total[event.name] += event.device_time
     return {name: t / calls for name, t in sorted(total.items(), key=lambda kv: -kv[1])}
-
-
-def sampler_kernels(logits, vocab, params, k, device) -> dict[str, float]:
-    batch = logits.shape[0]
-    layout = RecordLayout(1, k)
-    tables = SlotTables(batch, device)
-    for slot in range(batch):
-        tables.set(slot, params)
-    records = torch.zeros(batch, layout.width, dtype=torch.int32, device=device)
-    i32 = dict(dtype=torch.int32, device=device)
-    idx, cu = torch.arange(batch, **i32), torch.arange(batch + 1, **i32)
-    n, lens = torch.tensor([batch], **i32), torch.full((batch,), 100, **i32)
-    ws = SamplerWorkspace.allocate(batch, 1, vocab, device)
-    return kernel_us(lambda: sample(logits, vocab_size=vocab, num_reqs=n, req_slots=idx,
-                                    cu_num_logits=cu, seq_lens=lens, tables=tables, layout=layout,
-                                    records=records, max_num_reqs=batch, workspace=ws))
 
 
 def step_kernels(vocab, dtype, batches, device) -> list[dict]:
@@ -96,8 +77,8 @@ def main(argv=None):
     for mode in args.modes.split(","):
         for batch in batches:
             k = MAX_LOGPROBS if MODES[mode].num_logprobs else 0
-            for name, us in sampler_kernels(logits[:batch], args.vocab, MODES[mode], k,
-                                            device).items():
+            call, _ = sampler_call(logits[:batch], args.vocab, MODES[mode], k, device)
+            for name, us in kernel_us(call).items():
                 rows.append(dict(what=f"sampler_{mode}", batch=batch, kernel=name, us=us))
     rows += step_kernels(args.vocab, dtype, batches, device)
     for r in rows:

@@ -15,7 +15,9 @@ from __future__ import annotations
 
 import torch
 
-from graphshard.sample.params import SamplingParams
+from graphshard.sample.kernels import SamplerWorkspace, sample
+from graphshard.sample.params import SamplingParams, SlotTables
+from graphshard.sample.records import RecordLayout
 
 TEMPERATURE = 0.8
 MODES: dict[str, SamplingParams] = {
@@ -73,3 +75,26 @@ class TorchSortSampler:
             probs = probs.masked_fill(probs < p.min_p * top, 0.0)
         race = torch.empty_like(probs).exponential_()
         return (probs / race).argmax(dim=-1)
+
+
+def sampler_call(logits: torch.Tensor, vocab: int, params: SamplingParams, num_logprobs: int,
+                 device) -> tuple:
+    """(call, workspace): `call()` launches the sampler once over `logits` [batch, padded vocab],
+    every row a one-row request with `params` (layout K = `num_logprobs`, positions 100). The
+    set-up is done here, once: `call` only launches, so it can be timed or captured."""
+    batch = logits.shape[0]
+    layout = RecordLayout(1, num_logprobs)
+    tables = SlotTables(batch, device)
+    for slot in range(batch):
+        tables.set(slot, params)
+    records = torch.zeros(batch, layout.width, dtype=torch.int32, device=device)
+    i32 = dict(dtype=torch.int32, device=device)
+    idx, cu = torch.arange(batch, **i32), torch.arange(batch + 1, **i32)
+    n, lens = torch.tensor([batch], **i32), torch.full((batch,), 100, **i32)
+    ws = SamplerWorkspace.allocate(batch, 1, vocab, device)
+
+    def call():
+        sample(logits, vocab_size=vocab, num_reqs=n, req_slots=idx, cu_num_logits=cu, seq_lens=lens,
+               tables=tables, layout=layout, records=records, max_num_reqs=batch, workspace=ws)
+
+    return call, ws

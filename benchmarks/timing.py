@@ -8,20 +8,35 @@ import time
 import torch
 
 
-def graph_of(fn, repeat: int) -> torch.cuda.CUDAGraph:
-    """Capture `repeat` back-to-back calls of `fn` in one graph (after a warm-up on a side stream)."""
+def _warm_up(fn) -> None:
+    """Three calls on a side stream (kernels compiled, allocations made) before a capture."""
     stream = torch.cuda.Stream()
     stream.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(stream):
         for _ in range(3):
             fn()
     torch.cuda.current_stream().wait_stream(stream)
+
+
+def graph_of(fn, repeat: int) -> torch.cuda.CUDAGraph:
+    """Capture `repeat` back-to-back calls of `fn` in one graph (after a warm-up on a side stream)."""
+    _warm_up(fn)
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
         for _ in range(repeat):
             fn()
     torch.cuda.synchronize()
     return graph
+
+
+def captured(fn):
+    """(graph, its output): one call of `fn` captured in a CUDA graph after the same warm-up."""
+    _warm_up(fn)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = fn()
+    torch.cuda.synchronize()
+    return graph, out
 
 
 def replay_us(graph: torch.cuda.CUDAGraph, per_replay: int, trials: int = 20) -> dict:
