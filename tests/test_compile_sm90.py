@@ -72,12 +72,13 @@ def report() -> list[dict]:
                           records_ptr="*i32", records_stride="i32", rows="i32",
                           draft_ptr="*i32")
             shared = dict(VOCAB=vocab, M=m, K=k, SPLITS=splits,
-                          CAP=pool_size_for(splits, None), TOP=256, HAS_BITMASK=bitmask,
+                          CAP=pool_size_for(splits, vocab, None), TOP=256, HAS_BITMASK=bitmask,
                           HAS_BITMASK_FLAG=bitmask)
             tag = {"vocab": vocab, "dtype": dtype, "M": m, "K": k, "bitmask": bitmask}
             rows.append(dict(tag, **_compile(
                 sampler._scan_kernel, common,
-                dict(shared, CHUNK=CHUNK_SIZE, LANES=1024, BLOCK=sampler.SCAN_BLOCK_SIZE,
+                dict(shared, CHUNK=CHUNK_SIZE, LANES=1024, SMALL_LANES=sampler.SMALL_FLOOR_LANES,
+                     BLOCK=sampler.SCAN_BLOCK_SIZE,
                      FLOOR_PASSES=sampler.FLOOR_PASSES, RADIX_BITS=sampler.RADIX_BITS),
                 8, tmp, **sampler.NO_FMA)))
             k_p = max(triton.next_power_of_2(k), 2)

@@ -21,6 +21,8 @@ from graphshard.sample.rows import key_to_float, order_key
 
 DISALLOWED = tl.constexpr(-2147483648)  # bit 31 of a pool id
 ID_BITS = tl.constexpr(0x7FFFFFFF)
+# Pools up to this size sort in a short tile (a small top-k's pool is about this large).
+SMALL_SORT = tl.constexpr(256)
 
 
 @triton.jit
@@ -65,16 +67,29 @@ def floor_score(floor_x, inv_temp):
 
 @triton.jit
 def capture(pool_x_ptr, pool_id_ptr, count_ptr, x_raw, allowed, offs, take, CAP: tl.constexpr):
-    """Append the tokens `take` marks to the row's pool (positions from one atomic per tile);
+    """Append the tokens `take` marks to the row's pool, one atomic per taken token (a tile
+    takes few, and a prefix sum over the tile would cost every tile a block-wide scan);
     entries past CAP are dropped (the caller sees the count exceed CAP)."""
-    n = tl.sum(take.to(tl.int32), axis=0)
-    if n > 0:
-        base = tl.atomic_add(count_ptr, n, sem="relaxed")
-        pos = base + tl.cumsum(take.to(tl.int32), axis=0) - 1
-        keep = take & (pos >= 0) & (pos < CAP)
-        tl.store(pool_x_ptr + pos, x_raw.to(tl.int32, bitcast=True), mask=keep)
-        ids = tl.where(allowed, offs, offs | DISALLOWED)
-        tl.store(pool_id_ptr + pos, ids, mask=keep)
+    pos = tl.atomic_add(count_ptr + tl.zeros_like(offs), 1, mask=take, sem="relaxed")
+    keep = take & (pos >= 0) & (pos < CAP)
+    tl.store(pool_x_ptr + pos, x_raw.to(tl.int32, bitcast=True), mask=keep)
+    ids = tl.where(allowed, offs, offs | DISALLOWED)
+    tl.store(pool_id_ptr + pos, ids, mask=keep)
+
+
+@triton.jit
+def share_floor(fill_ptr, floor_x):
+    """Publish a chunk floor that bounds the row's own order statistic (not only the chunk's)
+    and return the order key of the largest floor published so far (the word after the pool
+    fill). Every such floor lies at or below the row's `need`-th largest logit, so the row's
+    pool needs nothing below their maximum."""
+    own = order_key(floor_x)
+    return tl.maximum(tl.atomic_max(shared_floor(fill_ptr), own, sem="relaxed"), own)
+
+
+@triton.jit
+def shared_floor(fill_ptr):
+    return (fill_ptr + 1).to(tl.pointer_type(tl.uint32))
 
 
 @triton.jit
@@ -178,12 +193,82 @@ def _rank_keys(pool_x_ptr, pool_id_ptr, t, n_cand, TILE: tl.constexpr):
 
 
 @triton.jit
+def sorted_thresholds(pool_x_ptr, pool_id_ptr, n_cand, whole, all_in, below, norm, inv_temp,
+                      max_s, top_k, top_p, VOCAB: tl.constexpr, TILE: tl.constexpr):
+    """(top-k and top-p threshold, top-k settled, both settled) of a pool that fits one tile,
+    from one sort of its scores: the k-th largest score is an entry of the sorted list, the
+    top-p threshold the first entry whose running mass reaches top_p * norm (with its ties)."""
+    s, _, _, ok = load_pool(pool_x_ptr, pool_id_ptr, 0, n_cand, inv_temp, TILE)
+    ok = ok & (s > float("-inf"))
+    n_ok = tl.sum(ok.to(tl.int32), axis=0)
+    # Allowed finite scores first, descending; the rest (key 0) after them.
+    s_desc = key_to_float(tl.sort(tl.where(ok, order_key(s), 0), descending=True))  # [TILE]
+    at = tl.arange(0, TILE)
+    use_top_k = (top_k > 0) & (top_k < VOCAB)
+    thr = tl.full((), float("-inf"), tl.float32)
+    k_ok = n_cand >= 0  # top-k settled (trivially when off)
+    if use_top_k:
+        enough = n_ok >= top_k
+        t_k = tl.max(tl.where(at == top_k - 1, s_desc, float("-inf")), axis=0)
+        # With fewer than k finite tokens top-k keeps them all.
+        k_ok = whole & tl.where(enough, t_k > below, all_in)
+        thr = tl.where(enough, t_k, float("-inf"))
+    ok = k_ok
+    if (top_p < 1.0) & k_ok:
+        kept = (at < n_ok) & (s_desc >= thr)
+        w = tl.where(kept, tl.exp(s_desc - max_s), 0.0)
+        if use_top_k:
+            norm = tl.sum(w, axis=0)
+        # The running mass only grows: the entries that reach the target are a suffix, and
+        # the threshold is its largest score (-inf when none does).
+        reach = kept & (tl.cumsum(w, axis=0) >= top_p * norm)
+        t_p = tl.max(tl.where(reach, s_desc, float("-inf")), axis=0)
+        ok = t_p > below
+        thr = tl.maximum(thr, t_p)
+    return thr, k_ok, ok
+
+
+@triton.jit
 def top_raw(pool_x_ptr, pool_id_ptr, n_cand, num, scratch_ptr, CAP: tl.constexpr,
             TILE: tl.constexpr, K_P: tl.constexpr, RADIX_BITS: tl.constexpr):
     """Top-`num` (<= K_P) captured tokens by raw logit, ties by lower id: sorted 64-bit keys
-    (value key, inverted id), 0 = empty. The keys are unique, so a radix search finds the
-    `num`-th largest exactly; the `num` keys at or above it are compacted into `scratch_ptr`
-    (K_P int64) and sorted."""
+    (value key, inverted id), 0 = empty. The keys are unique. A pool that fits one tile is
+    sorted whole; a larger one is radix-searched for the `num`-th largest key, and the `num`
+    keys at or above it are sorted. Both pass through `scratch_ptr` (K_P int64)."""
+    at = tl.arange(0, K_P)
+    if n_cand <= TILE:
+        if (SMALL_SORT < TILE) & (n_cand <= SMALL_SORT):
+            _sort_top(pool_x_ptr, pool_id_ptr, n_cand, num, scratch_ptr, K_P, SMALL_SORT)
+        else:
+            _sort_top(pool_x_ptr, pool_id_ptr, n_cand, num, scratch_ptr, K_P, TILE)
+        tl.debug_barrier()  # the stores came from other threads of this program
+        best = tl.load(scratch_ptr + at).to(tl.uint64, bitcast=True)
+    else:
+        filled = _compact_top(pool_x_ptr, pool_id_ptr, n_cand, num, scratch_ptr, CAP, TILE, K_P,
+                              RADIX_BITS)
+        tl.debug_barrier()
+        best = tl.load(scratch_ptr + at, mask=at < tl.minimum(filled, K_P), other=0)
+        best = tl.sort(best.to(tl.uint64, bitcast=True), descending=True)
+    return best
+
+
+@triton.jit
+def _sort_top(pool_x_ptr, pool_id_ptr, n_cand, num, scratch_ptr, K_P: tl.constexpr,
+              N: tl.constexpr):
+    """Sort the rank keys of a pool of at most N (>= K_P) entries and store the first `num`
+    into `scratch_ptr` [K_P], the rest of it 0."""
+    keys, live = _rank_keys(pool_x_ptr, pool_id_ptr, 0, n_cand, N)
+    desc = tl.sort(keys, descending=True)  # [N], dead entries (0) last
+    pos = tl.arange(0, N)
+    tl.store(scratch_ptr + pos, tl.where(pos < num, desc, 0).to(tl.int64, bitcast=True),
+             mask=pos < K_P)
+
+
+@triton.jit
+def _compact_top(pool_x_ptr, pool_id_ptr, n_cand, num, scratch_ptr, CAP: tl.constexpr,
+                 TILE: tl.constexpr, K_P: tl.constexpr, RADIX_BITS: tl.constexpr):
+    """Radix-search the `num`-th largest rank key of the pool and store the keys at or above it
+    into `scratch_ptr`; returns how many there are."""
     RADIX: tl.constexpr = 1 << RADIX_BITS
     digits = tl.arange(0, RADIX).to(tl.uint64)
     prefix = tl.full((), 0, tl.uint64)
@@ -207,10 +292,7 @@ def top_raw(pool_x_ptr, pool_id_ptr, n_cand, num, scratch_ptr, CAP: tl.constexpr
             tl.store(scratch_ptr + pos, keys.to(tl.int64, bitcast=True),
                      mask=take & (pos >= 0) & (pos < K_P))
             filled += tl.sum(take.to(tl.int32), axis=0)
-    tl.debug_barrier()  # the stores above came from other threads of this program
-    at = tl.arange(0, K_P)
-    best = tl.load(scratch_ptr + at, mask=at < tl.minimum(filled, K_P), other=0)
-    return tl.sort(best.to(tl.uint64, bitcast=True), descending=True)
+    return filled
 
 
 @triton.jit

@@ -73,8 +73,9 @@ from graphshard.runtime.launch import check_int32_vector, launch
 from graphshard.sample.params import SLOT_WIDTH, SlotTables
 from graphshard.sample.records import RecordLayout
 from graphshard.sample.resolve import load_part, settle_logprobs, settle_token, store_logprobs
-from graphshard.sample.rows import load_masked, scan_chunk, uses_filters
-from graphshard.sample.candidates import capture, chunk_floor, fold_lanes
+from graphshard.sample.rows import key_to_float, load_masked, order_key, scan_chunk, uses_filters
+from graphshard.sample.candidates import (capture, chunk_floor, fold_lanes, share_floor,
+                                          shared_floor)
 from graphshard.sample.workspace import (CHUNK_TOP, MAX_LOGPROBS, P_ARG_X, P_ARG_Z, P_FLOOR_R, P_FLOOR_S,
                                           P_MAX_R, P_MAX_X, P_MAX_Z, P_NAN, P_SUM_R, P_SUM_S,
                                           SamplerWorkspace, workspace_request, workspace_row)
@@ -97,6 +98,8 @@ POOL_TILE = 1024
 RADIX_BITS = 4
 # Lane maxima a chunk folds its tiles into before picking its capture floor.
 FLOOR_LANES = 1024
+# Lanes of the cheaper floor search for needs up to a quarter of them (small top-k, logprobs).
+SMALL_FLOOR_LANES = 256
 SLOT_ROW = tl.constexpr(SLOT_WIDTH)
 # Key digits a capture floor is resolved to: 16 bits (sign, exponent, 7 mantissa bits) put the
 # floor within 1% of the exact order statistic.
@@ -169,7 +172,7 @@ def _scan_kernel(
     records_stride,
     rows,  # rows of the workspace (max_num_reqs * M of its allocation)
     VOCAB: tl.constexpr, M: tl.constexpr, K: tl.constexpr, CHUNK: tl.constexpr,
-    SPLITS: tl.constexpr, CAP: tl.constexpr, LANES: tl.constexpr,
+    SPLITS: tl.constexpr, CAP: tl.constexpr, LANES: tl.constexpr, SMALL_LANES: tl.constexpr,
     TOP: tl.constexpr, BLOCK: tl.constexpr, HAS_BITMASK: tl.constexpr,
     HAS_BITMASK_FLAG: tl.constexpr, FLOOR_PASSES: tl.constexpr, RADIX_BITS: tl.constexpr,
 ):
@@ -217,19 +220,21 @@ def _scan_kernel(
             if HAS_BITMASK:
                 separate = mask_on
             if separate:
-                floor_s = tl.where(need_s > 0, chunk_floor(fold_lanes(lane_x, BLOCK, LANES),
-                                                           need_s, LANES, FLOOR_PASSES,
+                floor_s = tl.where(need_s > 0, _lane_floor(lane_x, need_s, BLOCK, LANES,
+                                                           SMALL_LANES, FLOOR_PASSES,
                                                            RADIX_BITS), float("inf"))
-                floor_r = tl.where(need_r > 0, chunk_floor(fold_lanes(lane_r, BLOCK, LANES),
-                                                           need_r, LANES, FLOOR_PASSES,
+                floor_r = tl.where(need_r > 0, _lane_floor(lane_r, need_r, BLOCK, LANES,
+                                                           SMALL_LANES, FLOOR_PASSES,
                                                            RADIX_BITS), float("inf"))
             else:
-                floor_s = chunk_floor(fold_lanes(lane_x, BLOCK, LANES),
-                                      tl.maximum(need_s, need_r), LANES, FLOOR_PASSES,
-                                      RADIX_BITS)
+                floor_s = _lane_floor(lane_x, tl.maximum(need_s, need_r), BLOCK, LANES,
+                                      SMALL_LANES, FLOOR_PASSES, RADIX_BITS)
                 floor_r = floor_s
+            # A small top-k and a greedy row's logprobs need only the row's top `need`, so the
+            # chunks of the row share their floors; other needs are per chunk.
+            share = ~separate & (small_k | ~is_random)
             sum_s, sum_r = _sweep(row_ptr, mask_row_ptr, mask_on, lo, fill, pool_x, pool_id,
-                                  inv_temp, floor_s, floor_r, max_x * inv_temp, max_r,
+                                  inv_temp, floor_s, floor_r, share, max_x * inv_temp, max_r,
                                   filtered & (top_p < 1.0) & ~small_k, num_logprobs > 0, VOCAB,
                                   CHUNK, CAP, BLOCK, HAS_BITMASK)
         out = part + split
@@ -246,25 +251,53 @@ def _scan_kernel(
 
 
 @triton.jit
+def _lane_floor(lane_max, need, BLOCK: tl.constexpr, LANES: tl.constexpr,
+                SMALL_LANES: tl.constexpr, PASSES: tl.constexpr, RADIX_BITS: tl.constexpr):
+    """`chunk_floor` over the lane maxima folded to LANES, or to SMALL_LANES when `need` is
+    small: a quarter of the search for a somewhat lower floor."""
+    if need * 4 <= SMALL_LANES:
+        floor = chunk_floor(fold_lanes(lane_max, BLOCK, SMALL_LANES), need, SMALL_LANES, PASSES,
+                            RADIX_BITS)
+    else:
+        floor = chunk_floor(fold_lanes(lane_max, BLOCK, LANES), need, LANES, PASSES, RADIX_BITS)
+    return floor
+
+
+@triton.jit
 def _sweep(row_ptr, mask_row_ptr, mask_on, lo, fill, pool_x, pool_id, inv_temp, floor_s, floor_r,
-           max_s, max_r, SUM_S, SUM_R, VOCAB: tl.constexpr, CHUNK: tl.constexpr,
+           share, max_s, max_r, SUM_S, SUM_R, VOCAB: tl.constexpr, CHUNK: tl.constexpr,
            CAP: tl.constexpr, BLOCK: tl.constexpr, HAS_BITMASK: tl.constexpr):
     """Second pass over a chunk (from L2): capture the tokens at or above the floors into the
-    row's pool, and the softmax sums relative to the chunk maxima -> (sum_s, sum_r)."""
+    row's pool, and the softmax sums relative to the chunk maxima -> (sum_s, sum_r). With
+    `share` (one floor for both) each tile raises the floor to the row's shared floor."""
     lanes = tl.arange(0, BLOCK)
     acc_s = tl.zeros([BLOCK], tl.float32)
     acc_r = tl.zeros([BLOCK], tl.float32)
+    top_key = order_key(floor_s)
+    if share:
+        top_key = share_floor(fill, floor_s)
     for start in range(0, CHUNK, BLOCK):
+        # Read ahead: what the other chunks publish meanwhile raises the next tile's floor, and
+        # the load's latency hides behind this tile.
+        ahead = top_key
+        if share:
+            ahead = tl.load(shared_floor(fill), volatile=True)
         offs = lo + start + lanes
         x, is_nan, raw, allowed = load_masked(row_ptr, mask_row_ptr, mask_on, offs, VOCAB,
                                               HAS_BITMASK)
         finite = raw > float("-inf")
-        take = finite & ((allowed & (raw >= floor_s)) | (raw >= floor_r))
+        f_s = floor_s
+        f_r = floor_r
+        if share:
+            f_s = key_to_float(top_key)
+            f_r = f_s
+        take = finite & ((allowed & (raw >= f_s)) | (raw >= f_r))
         capture(pool_x, pool_id, fill, raw, allowed, offs, take, CAP)
         if SUM_S:
             acc_s += tl.where(x > float("-inf"), tl.exp(x * inv_temp - max_s), 0.0)
         if SUM_R:
             acc_r += tl.where(finite, tl.exp(raw - max_r), 0.0)
+        top_key = tl.maximum(top_key, ahead)
     return tl.sum(acc_s, axis=0), tl.sum(acc_r, axis=0)
 
 
@@ -296,7 +329,8 @@ def _finish_kernel(
         n_pool = tl.load(fill, cache_modifier=".cg")
         # Every thread reads the count before any resets it (each thread loads it itself).
         tl.debug_barrier()
-        tl.store(fill, 0)  # the next launch captures into an empty pool
+        tl.store(fill, 0)  # the next launch captures into an empty pool, with no shared floor
+        tl.store(fill + 1, 0)
         mask_row_ptr, mask_on = _bitmask_row(bitmask_ptr, bitmask_stride, bitmask_rows_ptr,
                                              bitmask_on_ptr, row, HAS_BITMASK, HAS_BITMASK_FLAG)
         row_ptr = logits_ptr + row.to(tl.int64) * logits_stride
@@ -522,7 +556,8 @@ def sample(logits: torch.Tensor, *, vocab_size: int, num_reqs: torch.Tensor,
     top = min(CHUNK_TOP, lanes)
     launch(_scan_kernel, (max_num_reqs * m, splits), *common,
            VOCAB=vocab_size, M=m, K=k, CHUNK=chunk, SPLITS=splits, CAP=cap,
-           LANES=lanes, TOP=top, BLOCK=chunk_block, **flags, FLOOR_PASSES=FLOOR_PASSES,
+           LANES=lanes, SMALL_LANES=min(SMALL_FLOOR_LANES, lanes), TOP=top, BLOCK=chunk_block,
+           **flags, FLOOR_PASSES=FLOOR_PASSES,
            RADIX_BITS=RADIX_BITS, num_warps=8 if chunk_block >= 1024 else 4,
            **NO_FMA)
     launch(_finish_kernel, (max_num_reqs * m,), *common,

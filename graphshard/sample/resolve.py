@@ -12,7 +12,7 @@ import triton.language as tl
 
 from graphshard.sample.rows import draw_filtered, load_masked, logprob_row
 from graphshard.sample.candidates import (count_raw_above, draw_pool, floor_score, mass_above,
-                                       search_pool, top_raw, unpack_top)
+                                          search_pool, sorted_thresholds, top_raw, unpack_top, SMALL_SORT)
 from graphshard.sample.workspace import (P_ARG_X, P_ARG_Z, P_FLOOR_R, P_FLOOR_S, P_MAX_R,
                                           P_MAX_X, P_MAX_Z, P_NAN, P_SUM_R, P_SUM_S, STAT_COUNTS,
                                           STAT_DRAWS, STAT_LOGPROBS)
@@ -146,11 +146,40 @@ def draw_from_pool(pool_x, pool_id, n_pool, floor_x, norm, w0, key, inv_temp, ma
                    RADIX_BITS: tl.constexpr):
     """Filtered Gumbel-max draw from the pool when every kept token is in it -> (drawn, token,
     min-p threshold, top-k settled). `floor_x` is the largest chunk floor, `norm` the row's
-    total mass exp(s - max_s) (the top-p norm without top-k)."""
+    total mass exp(s - max_s) (the top-p norm without top-k). A pool that fits one tile is
+    sorted once; a larger one is searched a digit per pass."""
     n_cand = tl.maximum(tl.minimum(n_pool, CAP), 0)
     whole = n_pool <= CAP  # every capture reached the pool
     below = floor_score(floor_x, inv_temp)  # the best score an uncaptured token can have
     all_in = whole & (floor_x == float("-inf"))  # every finite allowed token was captured
+    if n_cand <= TILE:
+        # The common pool (a small top-k) sorts in a quarter of a tile.
+        if (SMALL_SORT < TILE) & (n_cand <= SMALL_SORT):
+            thr, k_ok, ok = sorted_thresholds(pool_x, pool_id, n_cand, whole, all_in, below,
+                                              norm, inv_temp, max_s, top_k, top_p, VOCAB,
+                                              SMALL_SORT)
+        else:
+            thr, k_ok, ok = sorted_thresholds(pool_x, pool_id, n_cand, whole, all_in, below,
+                                              norm, inv_temp, max_s, top_k, top_p, VOCAB, TILE)
+    else:
+        thr, k_ok, ok = searched_thresholds(pool_x, pool_id, n_cand, whole, all_in, below, norm,
+                                            inv_temp, max_s, top_k, top_p, VOCAB, CAP, TILE,
+                                            RADIX_BITS)
+    t_m = max_s + tl.log(tl.where(min_p > 0.0, min_p, 1.0))
+    thr = tl.where(min_p > 0.0, tl.maximum(thr, t_m), thr)
+    ok = ok & whole & ((thr > below) | all_in)
+    token = w0
+    if ok:
+        token = draw_pool(pool_x, pool_id, n_cand, inv_temp, thr, key, CAP, TILE)[1]
+    return ok, token, t_m, k_ok
+
+
+@triton.jit
+def searched_thresholds(pool_x, pool_id, n_cand, whole, all_in, below, norm, inv_temp, max_s,
+                        top_k, top_p, VOCAB: tl.constexpr, CAP: tl.constexpr,
+                        TILE: tl.constexpr, RADIX_BITS: tl.constexpr):
+    """(top-k and top-p threshold, top-k settled, both settled) by radix searches over the
+    pool: a digit of the threshold per pass."""
     use_top_k = (top_k > 0) & (top_k < VOCAB)
     use_top_p = top_p < 1.0
     thr = tl.full((), float("-inf"), tl.float32)
@@ -170,13 +199,7 @@ def draw_from_pool(pool_x, pool_id, n_pool, floor_x, norm, w0, key, inv_temp, ma
                           CAP, TILE, RADIX_BITS)[0]
         ok = t_p > below
         thr = tl.maximum(thr, t_p)
-    t_m = max_s + tl.log(tl.where(min_p > 0.0, min_p, 1.0))
-    thr = tl.where(min_p > 0.0, tl.maximum(thr, t_m), thr)
-    ok = ok & whole & ((thr > below) | all_in)
-    token = w0
-    if ok:
-        token = draw_pool(pool_x, pool_id, n_cand, inv_temp, thr, key, CAP, TILE)[1]
-    return ok, token, t_m, k_ok
+    return thr, k_ok, ok
 
 
 @triton.jit

@@ -4,8 +4,10 @@ Sections, in order (rows = max_num_reqs * M, one per logits row a launch may sam
 - top [rows, MAX_LOGPROBS] int64: scratch where a row's top-K logprob keys are sorted (first,
   so it is 8-byte aligned);
 - partials [rows, NUM_PART, splits]: what each (row, vocabulary chunk) program found;
-- fill [rows]: candidates captured into the row's pool (an atomic counter; the per-request
-  kernel resets it to 0 after reading, so launches, graph replays included, start from 0);
+- fill [rows, 2]: candidates captured into the row's pool (an atomic counter), and the row's
+  shared capture floor (the order key of the largest chunk floor published so far, an atomic
+  max; 0 = none). The per-request kernel resets both to 0 after reading, so launches, graph
+  replays included, start from 0;
 - pool [rows, 2, pool_size]: the candidates' logit bits and ids (`candidates`);
 - stats [NUM_STATS]: cumulative counts of rows the slower whole-row paths settled;
 - tokens [rows] and arrivals [max_num_reqs]: a request's settled tokens, and how many of its
@@ -50,17 +52,18 @@ STAT_NAMES = ("draw_fallback", "logprobs_fallback", "counted")
 
 @triton.jit
 def workspace_row(ws_ptr, row_id, rows, SPLITS: tl.constexpr, CAP: tl.constexpr):
-    """Pointers to one row's sections: (partials [NUM_PART, SPLITS], pool fill, pool logits
-    [CAP], pool ids [CAP], stats, top-K scratch [MAX_LOGPROBS] int64). `rows` (the
+    """Pointers to one row's sections: (partials [NUM_PART, SPLITS], pool fill (its shared
+    floor key is the next word), pool logits [CAP], pool ids [CAP], stats, top-K scratch
+    [MAX_LOGPROBS] int64). `rows` (the
     workspace's row count) is a runtime value: one compiled kernel serves every workspace."""
     row_id = row_id.to(tl.int64)
     ROWS = rows.to(tl.int64)
     top = ws_ptr.to(tl.pointer_type(tl.int64)) + row_id * MAX_LOGPROBS
     base = ws_ptr + ROWS * 2 * MAX_LOGPROBS
     part = base + row_id * (NUM_PART * SPLITS)
-    fill = base + ROWS * NUM_PART * SPLITS + row_id
-    pool = base + ROWS * (NUM_PART * SPLITS + 1) + row_id * (2 * CAP)
-    stats = base + ROWS * (NUM_PART * SPLITS + 1 + 2 * CAP)
+    fill = base + ROWS * NUM_PART * SPLITS + row_id * 2
+    pool = base + ROWS * (NUM_PART * SPLITS + 2) + row_id * (2 * CAP)
+    stats = base + ROWS * (NUM_PART * SPLITS + 2 + 2 * CAP)
     return part, fill, pool, pool + CAP, stats, top
 
 
@@ -69,7 +72,7 @@ def workspace_request(ws_ptr, req, M: tl.constexpr, rows, SPLITS: tl.constexpr,
                       CAP: tl.constexpr):
     """Pointers to one request's (settled tokens [M], arrival counter)."""
     ROWS = rows.to(tl.int64)
-    tokens = ws_ptr + ROWS * (2 * MAX_LOGPROBS + NUM_PART * SPLITS + 1 + 2 * CAP) + NUM_STATS
+    tokens = ws_ptr + ROWS * (2 * MAX_LOGPROBS + NUM_PART * SPLITS + 2 + 2 * CAP) + NUM_STATS
     return tokens + req * M, tokens + ROWS + req
 
 
@@ -82,9 +85,11 @@ def chunk_size_for(vocab_size: int, chunk_size: int | None) -> int:
     return chunk_size
 
 
-def pool_size_for(splits: int, pool_size: int | None) -> int:
+def pool_size_for(splits: int, vocab_size: int, pool_size: int | None) -> int:
     if pool_size is None:
-        return min(MAX_POOL, triton.next_power_of_2(splits * POOL_PER_SPLIT))
+        # A launch captures a token at most once: the pool never holds more than the vocabulary.
+        return min(MAX_POOL, triton.next_power_of_2(splits * POOL_PER_SPLIT),
+                   max(16, triton.next_power_of_2(vocab_size)))
     if isinstance(pool_size, bool) or not isinstance(pool_size, int) or pool_size < 16 \
             or pool_size & (pool_size - 1):
         raise ValueError(f"pool_size must be a power of two >= 16, got {pool_size!r}")
@@ -96,7 +101,7 @@ def section_sizes(reqs: int, m: int, splits: int, pool: int) -> dict[str, int]:
     out."""
     rows = reqs * m
     return {"top": rows * 2 * MAX_LOGPROBS.value, "partials": rows * NUM_PART.value * splits,
-            "fill": rows, "pool": rows * 2 * pool, "stats": NUM_STATS.value, "tokens": rows,
+            "fill": rows * 2, "pool": rows * 2 * pool, "stats": NUM_STATS.value, "tokens": rows,
             "arrivals": reqs}
 
 
@@ -112,7 +117,7 @@ class SamplerWorkspace:
                  vocab_size: int, chunk_size: int | None = None, pool_size: int | None = None):
         self.chunk_size = chunk_size_for(vocab_size, chunk_size)
         self.num_splits = -(-vocab_size // self.chunk_size)
-        self.pool_size = pool_size_for(self.num_splits, pool_size)
+        self.pool_size = pool_size_for(self.num_splits, vocab_size, pool_size)
         self.max_num_reqs, self.max_num_logits_per_req = max_num_reqs, max_num_logits_per_req
         self.vocab_size = vocab_size
         sizes = section_sizes(max_num_reqs, max_num_logits_per_req, self.num_splits,
@@ -140,7 +145,7 @@ class SamplerWorkspace:
                 raise ValueError(f"{name} must be an int >= {low}, got {v!r}")
         chunk = chunk_size_for(vocab_size, chunk_size)
         splits = -(-vocab_size // chunk)
-        pool = pool_size_for(splits, pool_size)
+        pool = pool_size_for(splits, vocab_size, pool_size)
         size = sum(section_sizes(max_num_reqs, max_num_logits_per_req, splits, pool).values())
         # Zeros: the pool fills and arrival counters must start at 0.
         buffer = torch.zeros(size, dtype=torch.int32, device=device)
