@@ -232,15 +232,15 @@ def sorted_thresholds(pool_x_ptr, pool_id_ptr, n_cand, whole, all_in, below, nor
 def top_raw(pool_x_ptr, pool_id_ptr, n_cand, num, scratch_ptr, CAP: tl.constexpr,
             TILE: tl.constexpr, K_P: tl.constexpr, RADIX_BITS: tl.constexpr):
     """Top-`num` (<= K_P) captured tokens by raw logit, ties by lower id: sorted 64-bit keys
-    (value key, inverted id), 0 = empty. The keys are unique. A pool of at most
-    min(SMALL_SORT, TILE) entries is sorted whole; a larger one is radix-searched for the
-    `num`-th largest key, and the `num` keys at or above it are sorted. Both pass through
-    `scratch_ptr` (K_P int64)."""
-    SORT_64: tl.constexpr = SMALL_SORT if SMALL_SORT < TILE else TILE
+    (value key, inverted id), 0 = empty. The keys are unique. A pool that fits one tile is
+    sorted whole; a larger one is radix-searched for the `num`-th largest key, and the `num`
+    keys at or above it are sorted. Both pass through `scratch_ptr` (K_P int64)."""
     at = tl.arange(0, K_P)
-    # Only the short sort: a 64-bit sort of a whole tile costs more to compile than it saves.
-    if n_cand <= SORT_64:
-        _sort_top(pool_x_ptr, pool_id_ptr, n_cand, num, scratch_ptr, K_P, SORT_64)
+    if n_cand <= TILE:
+        if (SMALL_SORT < TILE) & (n_cand <= SMALL_SORT):
+            _sort_top(pool_x_ptr, pool_id_ptr, n_cand, num, scratch_ptr, K_P, SMALL_SORT)
+        else:
+            _sort_top(pool_x_ptr, pool_id_ptr, n_cand, num, scratch_ptr, K_P, TILE)
         tl.debug_barrier()  # the stores came from other threads of this program
         best = tl.load(scratch_ptr + at).to(tl.uint64, bitcast=True)
     else:
