@@ -21,8 +21,6 @@ from graphshard.sample.rows import key_to_float, order_key
 
 DISALLOWED = tl.constexpr(-2147483648)  # bit 31 of a pool id
 ID_BITS = tl.constexpr(0x7FFFFFFF)
-# Pools up to this size sort in a short tile (a small top-k's pool is about this large).
-SMALL_SORT = tl.constexpr(256)
 
 
 @triton.jit
@@ -237,10 +235,7 @@ def top_raw(pool_x_ptr, pool_id_ptr, n_cand, num, scratch_ptr, CAP: tl.constexpr
     keys at or above it are sorted. Both pass through `scratch_ptr` (K_P int64)."""
     at = tl.arange(0, K_P)
     if n_cand <= TILE:
-        if (SMALL_SORT < TILE) & (n_cand <= SMALL_SORT):
-            _sort_top(pool_x_ptr, pool_id_ptr, n_cand, num, scratch_ptr, K_P, SMALL_SORT)
-        else:
-            _sort_top(pool_x_ptr, pool_id_ptr, n_cand, num, scratch_ptr, K_P, TILE)
+        _sort_top(pool_x_ptr, pool_id_ptr, n_cand, num, scratch_ptr, K_P, TILE)
         tl.debug_barrier()  # the stores came from other threads of this program
         best = tl.load(scratch_ptr + at).to(tl.uint64, bitcast=True)
     else:

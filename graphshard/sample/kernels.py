@@ -73,9 +73,8 @@ from graphshard.runtime.launch import check_int32_vector, launch
 from graphshard.sample.params import SLOT_WIDTH, SlotTables
 from graphshard.sample.records import RecordLayout
 from graphshard.sample.resolve import load_part, settle_logprobs, settle_token, store_logprobs
-from graphshard.sample.rows import key_to_float, load_masked, order_key, scan_chunk, uses_filters
-from graphshard.sample.candidates import (capture, chunk_floor, fold_lanes, share_floor,
-                                          shared_floor)
+from graphshard.sample.rows import key_to_float, load_masked, scan_chunk, uses_filters
+from graphshard.sample.candidates import capture, chunk_floor, fold_lanes, share_floor
 from graphshard.sample.workspace import (CHUNK_TOP, MAX_LOGPROBS, P_ARG_X, P_ARG_Z, P_FLOOR_R, P_FLOOR_S,
                                           P_MAX_R, P_MAX_X, P_MAX_Z, P_NAN, P_SUM_R, P_SUM_S,
                                           SamplerWorkspace, workspace_request, workspace_row)
@@ -273,15 +272,7 @@ def _sweep(row_ptr, mask_row_ptr, mask_on, lo, fill, pool_x, pool_id, inv_temp, 
     lanes = tl.arange(0, BLOCK)
     acc_s = tl.zeros([BLOCK], tl.float32)
     acc_r = tl.zeros([BLOCK], tl.float32)
-    top_key = order_key(floor_s)
-    if share:
-        top_key = share_floor(fill, floor_s)
     for start in range(0, CHUNK, BLOCK):
-        # Read ahead: what the other chunks publish meanwhile raises the next tile's floor, and
-        # the load's latency hides behind this tile.
-        ahead = top_key
-        if share:
-            ahead = tl.load(shared_floor(fill), volatile=True)
         offs = lo + start + lanes
         x, is_nan, raw, allowed = load_masked(row_ptr, mask_row_ptr, mask_on, offs, VOCAB,
                                               HAS_BITMASK)
@@ -289,7 +280,8 @@ def _sweep(row_ptr, mask_row_ptr, mask_on, lo, fill, pool_x, pool_id, inv_temp, 
         f_s = floor_s
         f_r = floor_r
         if share:
-            f_s = key_to_float(top_key)
+            # What the other chunks published meanwhile raises this tile's floor.
+            f_s = key_to_float(share_floor(fill, floor_s))
             f_r = f_s
         take = finite & ((allowed & (raw >= f_s)) | (raw >= f_r))
         capture(pool_x, pool_id, fill, raw, allowed, offs, take, CAP)
@@ -297,7 +289,6 @@ def _sweep(row_ptr, mask_row_ptr, mask_on, lo, fill, pool_x, pool_id, inv_temp, 
             acc_s += tl.where(x > float("-inf"), tl.exp(x * inv_temp - max_s), 0.0)
         if SUM_R:
             acc_r += tl.where(finite, tl.exp(raw - max_r), 0.0)
-        top_key = tl.maximum(top_key, ahead)
     return tl.sum(acc_s, axis=0), tl.sum(acc_r, axis=0)
 
 

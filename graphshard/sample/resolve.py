@@ -12,7 +12,7 @@ import triton.language as tl
 
 from graphshard.sample.rows import draw_filtered, load_masked, logprob_row
 from graphshard.sample.candidates import (count_raw_above, draw_pool, floor_score, mass_above,
-                                          search_pool, sorted_thresholds, top_raw, unpack_top, SMALL_SORT)
+                                          search_pool, sorted_thresholds, top_raw, unpack_top)
 from graphshard.sample.workspace import (P_ARG_X, P_ARG_Z, P_FLOOR_R, P_FLOOR_S, P_MAX_R,
                                           P_MAX_X, P_MAX_Z, P_NAN, P_SUM_R, P_SUM_S, STAT_COUNTS,
                                           STAT_DRAWS, STAT_LOGPROBS)
@@ -153,14 +153,8 @@ def draw_from_pool(pool_x, pool_id, n_pool, floor_x, norm, w0, key, inv_temp, ma
     below = floor_score(floor_x, inv_temp)  # the best score an uncaptured token can have
     all_in = whole & (floor_x == float("-inf"))  # every finite allowed token was captured
     if n_cand <= TILE:
-        # The common pool (a small top-k) sorts in a quarter of a tile.
-        if (SMALL_SORT < TILE) & (n_cand <= SMALL_SORT):
-            thr, k_ok, ok = sorted_thresholds(pool_x, pool_id, n_cand, whole, all_in, below,
-                                              norm, inv_temp, max_s, top_k, top_p, VOCAB,
-                                              SMALL_SORT)
-        else:
-            thr, k_ok, ok = sorted_thresholds(pool_x, pool_id, n_cand, whole, all_in, below,
-                                              norm, inv_temp, max_s, top_k, top_p, VOCAB, TILE)
+        thr, k_ok, ok = sorted_thresholds(pool_x, pool_id, n_cand, whole, all_in, below, norm,
+                                          inv_temp, max_s, top_k, top_p, VOCAB, TILE)
     else:
         thr, k_ok, ok = searched_thresholds(pool_x, pool_id, n_cand, whole, all_in, below, norm,
                                             inv_temp, max_s, top_k, top_p, VOCAB, CAP, TILE,
