@@ -384,31 +384,55 @@ class Engine:
         """
         if self._closed:
             self._check_open("step")
-        faults, inputs = self.faults, self.inputs
-        faults.check_standing()
+        self.faults.check_standing()
         idx, cu, lens, refusal = self._check_step(idx_mapping, cu_num_logits, seq_lens, logits,
                                                   draft_token_ids, grammar_bitmask)
         n = idx.shape[0]
-        num_logits = n if self._one_row else int(cu[n])
+        step = self._admit(idx, cu, lens, refusal, draft_token_ids, grammar_bitmask)
+        self._stage(step, idx, cu, lens, logits, draft_token_ids, grammar_bitmask)
+        route = self._routes[n] if n < len(self._routes) else None
+        self._run(step, route, idx, cu)
+        self._settle(step, refusal)
+        return route.out if route is not None else self._outputs(n)
+
+    def _admit(self, idx, cu, lens, refusal, drafts, bitmask) -> int:
+        """Admit the next step to the fault guard and, with the divergence check, seal what the
+        ranks must agree on; returns the step number."""
         step = self.steps
-        faults.admit(step)
+        self.faults.admit(step)
         divergence = self.divergence
         if divergence is not None:
-            divergence.begin(step, idx, cu, lens, self.slot_digest.value, faults,
-                             divergence.flags(grammar_bitmask is not None, draft_token_ids is not None,
+            divergence.begin(step, idx, cu, lens, self.slot_digest.value, self.faults,
+                             divergence.flags(bitmask is not None, drafts is not None,
                                               refusal is not None))
-        inputs.stage(step, idx, cu, lens, grammar_bitmask is not None)
-        if not (self._one_row and grammar_bitmask is None and inputs.is_zero_copy(logits, num_logits)):
-            inputs.write_tensors(logits, draft_token_ids, grammar_bitmask, num_logits)
-        route = self._routes[n] if n < len(self._routes) else None
+        return step
+
+    def _stage(self, step, idx, cu, lens, logits, drafts, bitmask) -> None:
+        """Stage the replicated inputs, and copy the tensors unless the logits are already in
+        place (the zero-copy path of a one-row layout without a bitmask)."""
+        n = idx.shape[0]
+        num_logits = n if self._one_row else int(cu[n])
+        inputs = self.inputs
+        inputs.stage(step, idx, cu, lens, bitmask is not None)
+        if not (self._one_row and bitmask is None and inputs.is_zero_copy(logits, num_logits)):
+            inputs.write_tensors(logits, drafts, bitmask, num_logits)
+
+    def _run(self, step, route, idx, cu) -> None:
+        """Replay the step's graph (or run it eagerly past the buckets); a failure fails the step
+        in the fault guard."""
         try:
             if route is not None:
                 self.graphs.replay(route.key or route.key_for(idx, cu, self.tp_size, self._one_row))
             else:
-                self._run_eager(idx, cu, n)
+                self._run_eager(idx, cu, idx.shape[0])
         except Exception as e:
-            faults.abandon(step)
-            faults.fail(step, f"{type(e).__name__}: {e}", e)
+            self.faults.abandon(step)
+            self.faults.fail(step, f"{type(e).__name__}: {e}", e)
+
+    def _settle(self, step, refusal) -> None:
+        """Count the step; where steps run synchronously (CPU), settle its faults and divergence
+        verdict now."""
+        faults, divergence = self.faults, self.divergence
         self.steps = step + 1
         if faults.synchronous:
             faults.ran(step)
@@ -416,7 +440,6 @@ class Engine:
             divergence.settle_refusal(step, refusal, faults.check)
         if divergence is not None and faults.synchronous:
             divergence.check(step)
-        return route.out if route is not None else self._outputs(n)
 
     def _check_step(self, idx_mapping, cu_num_logits, seq_lens, logits, drafts, bitmask):
         """Every check of a step's inputs: (idx, cu, lens), or raise (see `step`). The common

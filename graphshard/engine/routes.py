@@ -14,7 +14,7 @@ import numpy as np
 from graphshard.sample.records import SamplerOutput
 from graphshard.engine.strategy import REPLICATE, SHARD
 from graphshard.transports.base import pick_tier
-from graphshard.engine.validate import owner_counts
+from graphshard.plan.layout import owner_counts, owner_ranks
 
 
 class Route:
@@ -51,9 +51,9 @@ def eager_key(n: int, idx: np.ndarray, cu: np.ndarray, strategy: str, tp_size: i
 
 
 def busiest_owner_rows(idx: np.ndarray, cu: np.ndarray, tp_size: int, one_row: bool) -> int:
-    """The most logits rows any owner rank (slot % tp) receives."""
+    """The most logits rows any owner rank (`owner_ranks`) receives."""
     if idx.shape[0] == 0:
         return 0
-    if one_row:  # rows are requests
-        return int(np.bincount(idx % tp_size, minlength=tp_size).max())
+    if one_row:  # rows are requests: one bincount on the step's host path
+        return int(np.bincount(owner_ranks(idx, tp_size), minlength=tp_size).max())
     return int(owner_counts(idx, cu, tp_size)[1].max())

@@ -14,7 +14,7 @@ import torch
 
 from graphshard.errors import BatchTooLargeError, InvalidBatchError, InvalidTypeError
 
-__all__ = ["BatchChecker", "BatchLimits", "BatchTooLargeError", "InvalidBatchError", "owner_counts",
+__all__ = ["BatchChecker", "BatchLimits", "BatchTooLargeError", "InvalidBatchError",
            "to_host_int32", "validate_batch"]
 
 
@@ -226,11 +226,3 @@ class BatchChecker:
 def validate_batch(idx_mapping, cu_num_logits, seq_lens, limits: BatchLimits):
     """Check replicated inputs without slot tracking; return them as host int32 arrays."""
     return BatchChecker(limits).check(idx_mapping, cu_num_logits, seq_lens, require_active=False)
-
-
-def owner_counts(idx: np.ndarray, cu: np.ndarray, tp_size: int) -> tuple[np.ndarray, np.ndarray]:
-    """Requests and logits rows per owner rank: what the host needs to pick a capacity tier."""
-    owner = idx.astype(np.int64) % tp_size
-    reqs = np.bincount(owner, minlength=tp_size)
-    rows = np.bincount(owner, weights=np.diff(cu.astype(np.int64)), minlength=tp_size).astype(np.int64)
-    return reqs, rows

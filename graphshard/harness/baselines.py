@@ -18,6 +18,7 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
+from graphshard.plan.layout import owner_counts, owner_ranks
 from graphshard.sample.params import SlotTables
 from graphshard.sample.records import RecordLayout
 from graphshard.sample.kernels import sample
@@ -59,11 +60,9 @@ class EagerAllGather(_Baseline):
 class EagerBatchShard(_Baseline):
     def step(self, idx, cu, seq_lens, logits_shard: torch.Tensor) -> torch.Tensor:
         device, t, r = logits_shard.device, self.tp_size, self.tp_rank
-        owner = idx.astype(np.int64) % t
-        counts = np.diff(cu.astype(np.int64))
+        owner = owner_ranks(idx, t)
         order = np.argsort(owner, kind="stable")
-        rows_per_owner = np.bincount(owner, weights=counts, minlength=t).astype(np.int64)
-        reqs_per_owner = np.bincount(owner, minlength=t)
+        reqs_per_owner, rows_per_owner = owner_counts(idx, cu, t)
         send_rows = np.concatenate([np.arange(cu[i], cu[i + 1]) for i in order]) if idx.size else np.zeros(0)
         local = np.flatnonzero(owner == r)
         local_rows = int(rows_per_owner[r])
@@ -72,7 +71,7 @@ class EagerBatchShard(_Baseline):
         dist.all_to_all_single(recv, send, output_split_sizes=[local_rows] * t,
                                input_split_sizes=rows_per_owner.tolist(), group=self.group)
         full = recv.view(t, local_rows, self.vocab_shard).permute(1, 0, 2).reshape(local_rows, t * self.vocab_shard)
-        local_cu = np.concatenate([[0], np.cumsum(counts[local])])
+        local_cu = np.concatenate([[0], np.cumsum(np.diff(cu.astype(np.int64))[local])])
         records = self._sample(full, idx[local], local_cu, seq_lens[local], device)
         width = int(reqs_per_owner.max()) if idx.size else 1
         padded = torch.zeros(width, self.layout.width, dtype=torch.int32, device=device)

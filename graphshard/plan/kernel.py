@@ -50,7 +50,7 @@ def _plan_body(
     slot = tl.load(idx_mapping_ptr + reqs, mask=live, other=0)
     row_start = tl.load(cu_num_logits_ptr + reqs, mask=live, other=0)
     num_rows = tl.load(cu_num_logits_ptr + reqs + 1, mask=live, other=0) - row_start
-    owner = slot % TP_SIZE
+    owner = slot % TP_SIZE  # the ownership rule (graphshard.plan.layout.owner_ranks)
 
     # Per owner: counts, offsets, and each request's rank and row offset within its owner.
     rank_in_owner = tl.zeros([PADDED_NUM_REQS], dtype=tl.int32)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, fields
 
+import numpy as np
 import torch
 
 PLAN_DOC = {
@@ -31,6 +32,21 @@ PLAN_DOC = {
     "local_draft_tokens": "[R] draft token of each local row (0 without drafts)",
 }
 PLAN_FIELDS = tuple(PLAN_DOC)
+
+
+def owner_ranks(slots: np.ndarray, tp_size: int) -> np.ndarray:
+    """The ownership rule: the rank that samples a request is its slot modulo tp_size (int64).
+    The plan kernel applies the same rule on the device."""
+    return np.asarray(slots).astype(np.int64) % tp_size
+
+
+def owner_counts(slots: np.ndarray, cu_num_logits: np.ndarray,
+                 tp_size: int) -> tuple[np.ndarray, np.ndarray]:
+    """Requests and logits rows each rank owns ([tp_size] int64 each)."""
+    owner = owner_ranks(slots, tp_size)
+    rows = np.diff(np.asarray(cu_num_logits).astype(np.int64))
+    return (np.bincount(owner, minlength=tp_size),
+            np.bincount(owner, weights=rows, minlength=tp_size).astype(np.int64))
 
 
 def plan_shapes(max_num_reqs: int, max_num_logits_per_req: int, tp_size: int) -> dict[str, tuple[int]]:

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from graphshard.plan.layout import PLAN_FIELDS, plan_shapes
+from graphshard.plan.layout import PLAN_FIELDS, owner_ranks, plan_shapes
 
 
 def plan_ref(
@@ -29,7 +29,7 @@ def plan_ref(
            for name, shape in plan_shapes(max_num_reqs, max_num_logits_per_req, tp_size).items()}
     cu = cu_num_logits.astype(np.int64)
     m = np.diff(cu)
-    owner = idx_mapping.astype(np.int64) % tp_size
+    owner = owner_ranks(idx_mapping, tp_size)
 
     out["num_reqs"][0] = n
     out["owner_num_reqs"][:] = np.bincount(owner, minlength=tp_size)

@@ -97,18 +97,18 @@ def _fetch_kernel(rows_ptr, meta_ptr, last_ptr, max_num_reqs, row_words64,
 
 
 @triton.jit
-def signal_done(addresses_ptr, meta_seq_ptr, last_ptr):
-    """The step's number into `last` and the host's done word (the step's last kernel, or the
-    end of a fused last kernel: the record push)."""
+def signal_done(done_address_ptr, meta_seq_ptr, last_ptr):
+    """The step's number into `last` and the host's done word, whose address `done_address_ptr`
+    holds (the step's last kernel, or the end of a fused last kernel: the record push)."""
     seq = tl.load(meta_seq_ptr)
     tl.store(last_ptr, seq)
-    done = tl.load(addresses_ptr + 1).to(tl.pointer_type(tl.int64))
+    done = tl.load(done_address_ptr).to(tl.pointer_type(tl.int64))
     tl.store(done, seq)
 
 
 @triton.jit
-def _done_kernel(addresses_ptr, meta_seq_ptr, last_ptr):
-    signal_done(addresses_ptr, meta_seq_ptr, last_ptr)
+def _done_kernel(done_address_ptr, meta_seq_ptr, last_ptr):
+    signal_done(done_address_ptr, meta_seq_ptr, last_ptr)
 
 
 class Staging:
@@ -127,8 +127,7 @@ class Staging:
         # The last step the device finished (-1: none); written by the step's last kernel.
         self.done = torch.full((1,), -1, dtype=torch.int64, pin_memory=pinned)
         self._last = torch.full((1,), -1, dtype=torch.int64, device=device)
-        self._addresses = torch.tensor([self.rows.data_ptr(), self.done.data_ptr()],
-                                       dtype=torch.int64).to(device)
+        self._done_address = torch.tensor([self.done.data_ptr()], dtype=torch.int64).to(device)
         self._meta_seq = self.meta[:2].view(torch.int64)
         self.done_view = self.done.numpy()
         self._slices = (slice(HEADER, HEADER + n), slice(HEADER + n, HEADER + 2 * n + 1),
@@ -191,8 +190,9 @@ class Staging:
         return self.copies, self.meta, self._last, self.max_num_reqs, self.width // 2
 
     def done_args(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """What a fused last kernel passes to `signal_done`: (addresses, meta's step, last)."""
-        return self._addresses, self._meta_seq, self._last
+        """What a fused last kernel passes to `signal_done`: (the done word's address, meta's
+        step, last)."""
+        return self._done_address, self._meta_seq, self._last
 
     def finished(self) -> int:
         """The last step the device finished (a host read of the done word)."""

@@ -8,6 +8,14 @@ below its floor, so a threshold above every chunk's floor has all its kept token
 `floor_score` turns the floors into the largest score an uncaptured token can have, and each
 answer below is exact when its threshold lies above that score (the caller checks).
 
+A chunk's floor also bounds the row's `need`-th largest logit from below. Where the row needs
+only its own top `need` (not `need` per chunk), the chunks share the largest floor published so
+far (`share_floor`) and capture only above it: every uncaptured token still lies below the
+largest chunk floor, which is what the check uses.
+
+A pool that fits one tile is sorted once (`sorted_thresholds`, `top_raw`); a larger one is
+searched a radix digit per pass (`search_pool`).
+
 Pool entries are (logit bits, id with bit 31 set when the bitmask disallows the token).
 """
 

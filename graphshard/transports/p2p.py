@@ -280,7 +280,7 @@ def _push_records_kernel(
     signal_ptrs_ptr,  # [T] int64: each rank's signal pad
     status_ptr,  # [4] int32: fault status
     arrivals_ptr,  # [1] int32: programs past the end barrier (DONE); 0 between kernels
-    done_addresses_ptr,  # DONE: graphshard.plan.staging's addresses, meta step number, last step
+    done_address_ptr,  # DONE: graphshard.plan.staging's done-word address, meta step, last step
     done_seq_ptr,
     done_last_ptr,
     digests_ptr,  # AGREE: this rank's digest buffer [T, DIGEST_WORDS] int64, filled by the row push
@@ -338,7 +338,7 @@ def _push_records_kernel(
         # too: the host then finds the fault next to the done word.
         if tl.atomic_add(arrivals_ptr, 1, sem="acq_rel", scope="gpu") == num_programs - 1:
             tl.atomic_xchg(arrivals_ptr, 0, sem="relaxed", scope="gpu")
-            signal_done(done_addresses_ptr, done_seq_ptr, done_last_ptr)
+            signal_done(done_address_ptr, done_seq_ptr, done_last_ptr)
 
 
 @triton.jit(do_not_specialize=["timeout_ns"])

@@ -12,7 +12,7 @@ from graphshard.config import Config
 from graphshard.harness.distributed import spawn
 from graphshard.engine.divergence import DivergenceCheck, digest_arrays
 from graphshard.engine import Engine
-from graphshard.errors import InvalidBatchError, RankDivergenceError
+from graphshard.errors import InvalidBatchError
 from graphshard.sample.params import SamplingParams
 
 CFG = Config(vocab_size=40, vocab_pad_multiple=8, max_num_reqs=4, max_num_logits_per_req=2,

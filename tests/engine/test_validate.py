@@ -2,7 +2,8 @@ import numpy as np
 import pytest
 import torch
 
-from graphshard.engine.validate import BatchLimits, InvalidBatchError, owner_counts, validate_batch
+from graphshard.engine.validate import BatchLimits, InvalidBatchError, validate_batch
+from graphshard.plan.layout import owner_counts
 
 LIMITS = BatchLimits(max_num_reqs=4, max_num_logits_per_req=3, max_num_slots=10)
 
