@@ -112,7 +112,8 @@ def test_highest_slot_and_full_bucket():
             assert np.array_equal(got[name], ref[name]), name
 
 
-def test_one_compilation_for_every_n_and_stride(monkeypatch):
+def _record_specializations(monkeypatch) -> set:
+    """The set that collects the specialization key of every plan-module launch from now on."""
     keys = set()
     real = plan_mod.launch
 
@@ -121,6 +122,11 @@ def test_one_compilation_for_every_n_and_stride(monkeypatch):
         return real(kernel, grid, *args, **kwargs)
 
     monkeypatch.setattr(plan_mod, "launch", recording)
+    return keys
+
+
+def test_one_compilation_for_every_n_and_stride(monkeypatch):
+    keys = _record_specializations(monkeypatch)
     max_reqs, max_m, tp = 16, 2, 2
     buf = PlanBuffers.allocate(max_reqs, max_m, tp, "cpu")
     idx = torch.arange(max_reqs, dtype=torch.int32)
@@ -193,14 +199,7 @@ def test_fused_fetch_takes_the_row_of_the_step_with_two_staged():
 
 
 def test_fused_kernel_compiles_once_for_every_n_and_stride(monkeypatch):
-    keys = set()
-    real = plan_mod.launch
-
-    def recording(kernel, grid, *args, **kwargs):
-        keys.add(specialization_key(kernel, args, kwargs))
-        return real(kernel, grid, *args, **kwargs)
-
-    monkeypatch.setattr(plan_mod, "launch", recording)
+    keys = _record_specializations(monkeypatch)
     staging = Staging(16, 2, torch.device("cpu"))
     buf = PlanBuffers.allocate(16, 2, 2, "cpu")
     for step, (n, stride) in enumerate([(0, 1), (1, 1), (2, 16), (7, 8), (16, 16), (9, 32)]):

@@ -183,6 +183,18 @@ def random_params(rs, kind: str, num_logprobs: int = 0) -> SamplingParams:
                           num_logprobs=num_logprobs)
 
 
+def drafts_accepting(samples, counts, accept, vocab=V) -> np.ndarray:
+    """Draft tokens [rows] int32 under which request j accepts exactly `accept[j]` drafts: its
+    rows' own samples, the one at `accept[j]` changed (unless every draft is accepted)."""
+    drafts = []
+    for smp, m, a in zip(samples, counts, accept):
+        d = np.array(smp, dtype=np.int64)
+        if a < m - 1:
+            d[a] = (d[a] + 1) % vocab
+        drafts.append(d)
+    return np.concatenate(drafts).astype(np.int32)
+
+
 def full_bitmask(rows: int, vocab=V) -> np.ndarray:
     return np.full((rows, -(-vocab // 32)), -1, dtype=np.int32)
 
@@ -413,13 +425,7 @@ def test_logprobs_match_reference(dtype):
     b = make_batch(rs, params, counts=counts, dtype=dtype)
     samples = row_samples(b)
     accept = [2, 1, 0, 0, 0, 1]
-    drafts = []
-    for s, m, a in zip(samples, counts, accept):
-        d = np.array(s, dtype=np.int64)
-        if a < m - 1:
-            d[a] = (d[a] + 1) % V
-        drafts.append(d)
-    b.draft_tokens = np.concatenate(drafts).astype(np.int32)
+    b.draft_tokens = drafts_accepting(samples, counts, accept)
     out = check(b, M=M, K=K)
     np.testing.assert_array_equal(out.num_sampled.numpy(), np.array(accept) + 1)
     # Empty entries past the slot's count, past num_sampled, and for slots without logprobs.
@@ -649,13 +655,7 @@ def test_split_bitmask_drafts_and_logprobs():
     b.bitmask_rows[9] = 9
     samples = row_samples(b, vocab_size=SV)
     accept = [2, 1, 1, 0, 0, 1, 1]
-    drafts = []
-    for smp, m, a in zip(samples, counts, accept):
-        d = np.array(smp, dtype=np.int64)
-        if a < m - 1:
-            d[a] = (d[a] + 1) % SV
-        drafts.append(d)
-    b.draft_tokens = np.concatenate(drafts).astype(np.int32)
+    b.draft_tokens = drafts_accepting(samples, counts, accept, vocab=SV)
     records, layout = run_kernel(b, M=M, K=K, vocab_size=SV, block_size=32, chunk_size=128)
     out = assert_same(records, layout, run_ref(b, M=M, K=K, vocab_size=SV))
     np.testing.assert_array_equal(out.num_sampled.numpy(), np.array(accept) + 1)
