@@ -90,12 +90,8 @@ def share_floor(fill_ptr, floor_x):
     fill). Every such floor lies at or below the row's `need`-th largest logit, so the row's
     pool needs nothing below their maximum."""
     own = order_key(floor_x)
-    return tl.maximum(tl.atomic_max(shared_floor(fill_ptr), own, sem="relaxed"), own)
-
-
-@triton.jit
-def shared_floor(fill_ptr):
-    return (fill_ptr + 1).to(tl.pointer_type(tl.uint32))
+    shared = (fill_ptr + 1).to(tl.pointer_type(tl.uint32))
+    return tl.maximum(tl.atomic_max(shared, own, sem="relaxed"), own)
 
 
 @triton.jit
