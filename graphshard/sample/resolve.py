@@ -11,8 +11,9 @@ import triton
 import triton.language as tl
 
 from graphshard.sample.rows import draw_filtered, load_masked, logprob_row
-from graphshard.sample.candidates import (count_raw_above, draw_pool, floor_score, mass_above,
-                                          search_pool, sorted_thresholds, top_raw, unpack_top)
+from graphshard.sample.candidates import (SHORT_POOL, count_raw_above, draw_pool, floor_score,
+                                          mass_above, search_pool, sorted_thresholds, top_raw,
+                                          unpack_top)
 from graphshard.sample.workspace import (P_ARG_X, P_ARG_Z, P_FLOOR_R, P_FLOOR_S, P_MAX_R,
                                           P_MAX_X, P_MAX_Z, P_NAN, P_SUM_R, P_SUM_S, STAT_COUNTS,
                                           STAT_DRAWS, STAT_LOGPROBS)
@@ -152,7 +153,10 @@ def draw_from_pool(pool_x, pool_id, n_pool, floor_x, norm, w0, key, inv_temp, ma
     whole = n_pool <= CAP  # every capture reached the pool
     below = floor_score(floor_x, inv_temp)  # the best score an uncaptured token can have
     all_in = whole & (floor_x == float("-inf"))  # every finite allowed token was captured
-    if n_cand <= TILE:
+    if n_cand <= SHORT_POOL:
+        thr, k_ok, ok = sorted_thresholds(pool_x, pool_id, n_cand, whole, all_in, below, norm,
+                                          inv_temp, max_s, top_k, top_p, VOCAB, SHORT_POOL)
+    elif n_cand <= TILE:
         thr, k_ok, ok = sorted_thresholds(pool_x, pool_id, n_cand, whole, all_in, below, norm,
                                           inv_temp, max_s, top_k, top_p, VOCAB, TILE)
     else:
