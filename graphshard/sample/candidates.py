@@ -241,7 +241,7 @@ def top_raw(pool_x_ptr, pool_id_ptr, n_cand, num, scratch_ptr, CAP: tl.constexpr
     sorted whole; a larger one is radix-searched for the `num`-th largest key, and the `num`
     keys at or above it are sorted. Both pass through `scratch_ptr` (K_P int64)."""
     at = tl.arange(0, K_P)
-    if n_cand <= SHORT_POOL:
+    if (SHORT_POOL < TILE) & (n_cand <= SHORT_POOL):
         _sort_top(pool_x_ptr, pool_id_ptr, n_cand, num, scratch_ptr, K_P, SHORT_POOL)
         tl.debug_barrier()
         best = tl.load(scratch_ptr + at).to(tl.uint64, bitcast=True)

@@ -73,7 +73,8 @@ from graphshard.runtime.launch import check_int32_vector, launch
 from graphshard.sample.params import SLOT_WIDTH, SlotTables
 from graphshard.sample.records import RecordLayout
 from graphshard.sample.resolve import load_part, settle_logprobs, settle_token, store_logprobs
-from graphshard.sample.rows import key_to_float, load_masked, scan_chunk, uses_filters
+from graphshard.sample.rows import (key_to_float, load_masked, scan_chunk, second_tile,
+                                    uses_filters)
 from graphshard.sample.candidates import capture, chunk_floor, fold_lanes, share_floor
 from graphshard.sample.workspace import (CHUNK_TOP, MAX_LOGPROBS, P_ARG_X, P_ARG_Z, P_FLOOR_R, P_FLOOR_S,
                                           P_MAX_R, P_MAX_X, P_MAX_Z, P_NAN, P_SUM_R, P_SUM_S,
@@ -198,21 +199,30 @@ def _scan_kernel(
         row_ptr = logits_ptr + row.to(tl.int64) * logits_stride
         key = rng.row_key(seed_lo, seed_hi, seq_len + r)
         lo = split * CHUNK
+        sums = (filtered & (top_p < 1.0) & ~small_k) | (num_logprobs > 0)
         no_key = tl.full((), 0, tl.uint32)
+        # Four copies of the pass, so that greedy and unfiltered rows pay for nothing they skip.
         if draw:
-            nan, max_x, arg_x, max_z, arg_z, lane_x, lane_r = scan_chunk(
+            if sums:
+                (nan, max_x, arg_x, max_z, arg_z, lane_x, lane_r, sum_s, sum_r) = scan_chunk(
+                    row_ptr, mask_row_ptr, mask_on, lo, CHUNK, VOCAB, inv_temp, key, no_key,
+                    float("-inf"), True, True, BLOCK, HAS_BITMASK)
+            else:
+                (nan, max_x, arg_x, max_z, arg_z, lane_x, lane_r, sum_s, sum_r) = scan_chunk(
+                    row_ptr, mask_row_ptr, mask_on, lo, CHUNK, VOCAB, inv_temp, key, no_key,
+                    float("-inf"), True, False, BLOCK, HAS_BITMASK)
+        elif sums:
+            (nan, max_x, arg_x, max_z, arg_z, lane_x, lane_r, sum_s, sum_r) = scan_chunk(
                 row_ptr, mask_row_ptr, mask_on, lo, CHUNK, VOCAB, inv_temp, key, no_key,
-                float("-inf"), True, BLOCK, HAS_BITMASK)
+                float("-inf"), False, True, BLOCK, HAS_BITMASK)
         else:
-            nan, max_x, arg_x, max_z, arg_z, lane_x, lane_r = scan_chunk(
+            (nan, max_x, arg_x, max_z, arg_z, lane_x, lane_r, sum_s, sum_r) = scan_chunk(
                 row_ptr, mask_row_ptr, mask_on, lo, CHUNK, VOCAB, inv_temp, key, no_key,
-                float("-inf"), False, BLOCK, HAS_BITMASK)
+                float("-inf"), False, False, BLOCK, HAS_BITMASK)
         max_r = tl.max(lane_r, axis=0)
         part, fill, pool_x, pool_id, stats, top = workspace_row(ws_ptr, row_id, rows, SPLITS, CAP)
         floor_s = tl.full((), float("inf"), tl.float32)
         floor_r = tl.full((), float("inf"), tl.float32)
-        sum_s = tl.full((), 0.0, tl.float32)
-        sum_r = tl.full((), 0.0, tl.float32)
         # A one-chunk vocabulary is settled by whole-row passes: nothing to capture.
         if (SPLITS > 1) & ((need_s > 0) | (need_r > 0)):
             separate = False
@@ -225,17 +235,20 @@ def _scan_kernel(
                 floor_r = tl.where(need_r > 0, _lane_floor(lane_r, need_r, BLOCK, LANES,
                                                            SMALL_LANES, FLOOR_PASSES,
                                                            RADIX_BITS), float("inf"))
+                cut_s = floor_s
+                cut_r = floor_r
             else:
                 floor_s = _lane_floor(lane_x, tl.maximum(need_s, need_r), BLOCK, LANES,
                                       SMALL_LANES, FLOOR_PASSES, RADIX_BITS)
                 floor_r = floor_s
-            # A small top-k and a greedy row's logprobs need only the row's top `need`, so the
-            # chunks of the row share their floors; other needs are per chunk.
-            share = ~separate & (small_k | ~is_random)
-            sum_s, sum_r = _sweep(row_ptr, mask_row_ptr, mask_on, lo, fill, pool_x, pool_id,
-                                  inv_temp, floor_s, floor_r, share, max_x * inv_temp, max_r,
-                                  filtered & (top_p < 1.0) & ~small_k, num_logprobs > 0, VOCAB,
-                                  CHUNK, CAP, BLOCK, HAS_BITMASK)
+                cut_s = floor_s
+                # A small top-k and a greedy row's logprobs need only the row's top `need`,
+                # so the chunks of the row share their floors; other needs are per chunk.
+                if small_k | ~is_random:
+                    cut_s = key_to_float(share_floor(fill, floor_s))
+                cut_r = cut_s
+            _capture_hot(row_ptr, mask_row_ptr, mask_on, lo, fill, pool_x, pool_id, lane_x,
+                         lane_r, cut_s, cut_r, VOCAB, CHUNK, CAP, BLOCK, HAS_BITMASK)
         out = part + split
         tl.store(out + P_NAN * SPLITS, nan)
         tl.store(out + P_MAX_X * SPLITS, max_x.to(tl.int32, bitcast=True))
@@ -263,33 +276,32 @@ def _lane_floor(lane_max, need, BLOCK: tl.constexpr, LANES: tl.constexpr,
 
 
 @triton.jit
-def _sweep(row_ptr, mask_row_ptr, mask_on, lo, fill, pool_x, pool_id, inv_temp, floor_s, floor_r,
-           share, max_s, max_r, SUM_S, SUM_R, VOCAB: tl.constexpr, CHUNK: tl.constexpr,
-           CAP: tl.constexpr, BLOCK: tl.constexpr, HAS_BITMASK: tl.constexpr):
-    """Second pass over a chunk (from L2): capture the tokens at or above the floors into the
-    row's pool, and the softmax sums relative to the chunk maxima -> (sum_s, sum_r). With
-    `share` (one floor for both) each tile raises the floor to the row's shared floor."""
+def _capture_hot(row_ptr, mask_row_ptr, mask_on, lo, fill, pool_x, pool_id, lane_x, lane_r,
+                 cut_s, cut_r, VOCAB: tl.constexpr, CHUNK: tl.constexpr, CAP: tl.constexpr,
+                 BLOCK: tl.constexpr, HAS_BITMASK: tl.constexpr):
+    """Capture the chunk's tokens at or above the cuts (allowed ones against `cut_s`, any
+    against `cut_r`) into the row's pool. Only lanes whose maximum reaches a cut can hold such a
+    token, and few do: the others load nothing, and every tile of the chunk is loaded at once
+    (from L2), so the capture costs about one load's latency."""
+    hot = (lane_x >= cut_s) | (lane_r >= cut_r)  # [BLOCK]
     lanes = tl.arange(0, BLOCK)
-    acc_s = tl.zeros([BLOCK], tl.float32)
-    acc_r = tl.zeros([BLOCK], tl.float32)
-    for start in range(0, CHUNK, BLOCK):
-        offs = lo + start + lanes
-        x, is_nan, raw, allowed = load_masked(row_ptr, mask_row_ptr, mask_on, offs, VOCAB,
-                                              HAS_BITMASK)
-        finite = raw > float("-inf")
-        f_s = floor_s
-        f_r = floor_r
-        if share:
-            # What the other chunks published meanwhile raises this tile's floor.
-            f_s = key_to_float(share_floor(fill, floor_s))
-            f_r = f_s
-        take = finite & ((allowed & (raw >= f_s)) | (raw >= f_r))
-        capture(pool_x, pool_id, fill, raw, allowed, offs, take, CAP)
-        if SUM_S:
-            acc_s += tl.where(x > float("-inf"), tl.exp(x * inv_temp - max_s), 0.0)
-        if SUM_R:
-            acc_r += tl.where(finite, tl.exp(raw - max_r), 0.0)
-    return tl.sum(acc_s, axis=0), tl.sum(acc_r, axis=0)
+    for start in range(0, CHUNK, 2 * BLOCK):
+        # Both tiles loaded before either is captured: half the load latencies in a row.
+        # A cold lane's column reads as padding: nothing loaded, nothing taken.
+        offs_a = lo + start + lanes
+        offs_b = second_tile(offs_a, CHUNK, VOCAB, BLOCK)
+        _, _, raw_a, allowed_a = load_masked(row_ptr, mask_row_ptr, mask_on,
+                                             tl.where(hot, offs_a, VOCAB), VOCAB, HAS_BITMASK)
+        _, _, raw_b, allowed_b = load_masked(row_ptr, mask_row_ptr, mask_on,
+                                             tl.where(hot, offs_b, VOCAB), VOCAB, HAS_BITMASK)
+        _capture_cut(pool_x, pool_id, fill, raw_a, allowed_a, offs_a, cut_s, cut_r, CAP)
+        _capture_cut(pool_x, pool_id, fill, raw_b, allowed_b, offs_b, cut_s, cut_r, CAP)
+
+
+@triton.jit
+def _capture_cut(pool_x, pool_id, fill, raw, allowed, offs, cut_s, cut_r, CAP: tl.constexpr):
+    take = (raw > float("-inf")) & ((allowed & (raw >= cut_s)) | (raw >= cut_r))
+    capture(pool_x, pool_id, fill, raw, allowed, offs, take, CAP)
 
 
 # --------------------------------------------------------------------------- launch 2: records

@@ -153,7 +153,7 @@ def draw_from_pool(pool_x, pool_id, n_pool, floor_x, norm, w0, key, inv_temp, ma
     whole = n_pool <= CAP  # every capture reached the pool
     below = floor_score(floor_x, inv_temp)  # the best score an uncaptured token can have
     all_in = whole & (floor_x == float("-inf"))  # every finite allowed token was captured
-    if n_cand <= SHORT_POOL:
+    if (SHORT_POOL < TILE) & (n_cand <= SHORT_POOL):
         thr, k_ok, ok = sorted_thresholds(pool_x, pool_id, n_cand, whole, all_in, below, norm,
                                           inv_temp, max_s, top_k, top_p, VOCAB, SHORT_POOL)
     elif n_cand <= TILE:

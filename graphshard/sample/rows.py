@@ -51,17 +51,19 @@ def load_masked(row_ptr, mask_row_ptr, mask_on, offs, VOCAB: tl.constexpr, HAS_B
 
 @triton.jit
 def scan_chunk(row_ptr, mask_row_ptr, mask_on, lo, SPAN: tl.constexpr, VOCAB: tl.constexpr, inv_temp,
-               key, thr_key, min_score, DRAW: tl.constexpr, BLOCK: tl.constexpr,
-               HAS_BITMASK: tl.constexpr):
+               key, thr_key, min_score, DRAW: tl.constexpr, SUMS: tl.constexpr,
+               BLOCK: tl.constexpr, HAS_BITMASK: tl.constexpr):
     """One pass over columns [lo, lo + SPAN) of a row -> (has NaN, max masked logit, its lowest
     id, max Gumbel score, its lowest id, per-lane max masked logit [BLOCK], per-lane max raw
-    logit [BLOCK]).
+    logit [BLOCK], sum exp(s - max s) over the allowed scores, sum exp(raw - max raw)).
 
     With DRAW, the Gumbel scores `s + g` of the tokens kept by the thresholds (key of the score
-    >= thr_key and score >= min_score); without, the Gumbel result is (-inf, 0). Per-lane running
-    results keep reductions out of the loop; a lane only ever sees increasing ids, so strict `>`
-    keeps the lowest id. A maximum of -inf reports id 0: a row without finite scores yields 0,
-    and the (max, lowest id) pairs of disjoint chunks combine into exactly the whole-row pair."""
+    >= thr_key and score >= min_score); without, the Gumbel result is (-inf, 0). With SUMS, the
+    two softmax sums, kept per lane relative to the lane's running maximum (one exp per element
+    each); without, 0. Per-lane running results keep reductions out of the loop; a lane only
+    ever sees increasing ids, so strict `>` keeps the lowest id. A maximum of -inf reports id 0:
+    a row without finite scores yields 0, and the (max, lowest id) pairs of disjoint chunks
+    combine into exactly the whole-row pair."""
     lanes = tl.arange(0, BLOCK)
     any_nan = tl.zeros([BLOCK], tl.int1)
     best_x = tl.full([BLOCK], float("-inf"), tl.float32)
@@ -69,19 +71,27 @@ def scan_chunk(row_ptr, mask_row_ptr, mask_on, lo, SPAN: tl.constexpr, VOCAB: tl
     best_z = tl.full([BLOCK], float("-inf"), tl.float32)
     best_zi = tl.zeros([BLOCK], tl.int32)
     best_raw = tl.full([BLOCK], float("-inf"), tl.float32)
+    sum_s = tl.zeros([BLOCK], tl.float32)
+    sum_r = tl.zeros([BLOCK], tl.float32)
     # Two tiles per iteration, both loaded before either is used: twice the bytes in flight
     # per thread without doubling the per-lane state (the running maxima).
     for start in range(0, SPAN, 2 * BLOCK):
         offs_a = lo + start + lanes
-        offs_b = offs_a + BLOCK
+        offs_b = second_tile(offs_a, SPAN, VOCAB, BLOCK)
         xa, nan_a, raw_a, _a = load_masked(row_ptr, mask_row_ptr, mask_on, offs_a, VOCAB,
                                            HAS_BITMASK)
         xb, nan_b, raw_b, _b = load_masked(row_ptr, mask_row_ptr, mask_on, offs_b, VOCAB,
                                            HAS_BITMASK)
         any_nan = any_nan | nan_a | nan_b
+        if SUMS:
+            sum_s, sum_r = _add_mass(xa, raw_a, best_x, best_raw, sum_s, sum_r, inv_temp,
+                                     HAS_BITMASK)
         best_x, best_xi, best_z, best_zi, best_raw = _scan_tile(
             xa, raw_a, offs_a, best_x, best_xi, best_z, best_zi, best_raw, inv_temp, key,
             thr_key, min_score, DRAW, HAS_BITMASK)
+        if SUMS:
+            sum_s, sum_r = _add_mass(xb, raw_b, best_x, best_raw, sum_s, sum_r, inv_temp,
+                                     HAS_BITMASK)
         best_x, best_xi, best_z, best_zi, best_raw = _scan_tile(
             xb, raw_b, offs_b, best_x, best_xi, best_z, best_zi, best_raw, inv_temp, key,
             thr_key, min_score, DRAW, HAS_BITMASK)
@@ -92,7 +102,48 @@ def scan_chunk(row_ptr, mask_row_ptr, mask_on, lo, SPAN: tl.constexpr, VOCAB: tl
     arg_x = tl.min(tl.where(best_x == max_x, best_xi, 2147483647), axis=0)
     max_z = tl.max(best_z, axis=0)
     arg_z = tl.min(tl.where(best_z == max_z, best_zi, 2147483647), axis=0)
-    return has_nan, max_x, arg_x, max_z, arg_z, best_x, best_raw
+    mass_s = tl.zeros((), tl.float32)
+    mass_r = tl.zeros((), tl.float32)
+    if SUMS:
+        mass_s = _lanes_mass(best_x * inv_temp, sum_s)
+        mass_r = _lanes_mass(best_raw, sum_r)
+    return has_nan, max_x, arg_x, max_z, arg_z, best_x, best_raw, mass_s, mass_r
+
+
+@triton.jit
+def second_tile(offs_a, SPAN: tl.constexpr, VOCAB: tl.constexpr, BLOCK: tl.constexpr):
+    """Columns of the second tile of a two-tile step; past the row (nothing read) when the
+    span is a single tile, which would otherwise read the next chunk."""
+    if SPAN < 2 * BLOCK:
+        return offs_a * 0 + VOCAB
+    return offs_a + BLOCK
+
+
+@triton.jit
+def _online_mass(v, m, acc):
+    """Fold values `v` into per-lane sums `acc` of exp(. - m), m the lanes' maxima before `v`:
+    a larger value rescales the sum to itself (one exp either way)."""
+    e = tl.where(v > float("-inf"), tl.exp(-tl.abs(v - m)), 0.0)
+    return tl.where(v > m, acc * e + 1.0, acc + e)
+
+
+@triton.jit
+def _add_mass(x, raw, best_x, best_raw, sum_s, sum_r, inv_temp, HAS_BITMASK: tl.constexpr):
+    """The per-lane softmax sums of `scan_chunk` with one more tile (before its maxima)."""
+    sum_s = _online_mass(x * inv_temp, best_x * inv_temp, sum_s)
+    if HAS_BITMASK:
+        sum_r = _online_mass(raw, best_raw, sum_r)
+    else:
+        sum_r = _online_mass(raw, best_x, sum_r)
+    return sum_s, sum_r
+
+
+@triton.jit
+def _lanes_mass(lane_max, lane_sum):
+    """sum exp(v - max) over a chunk from its lanes' maxima and sums relative to them."""
+    top = tl.max(lane_max, axis=0)
+    return tl.sum(tl.where(lane_max > float("-inf"), lane_sum * tl.exp(lane_max - top), 0.0),
+                  axis=0)
 
 
 @triton.jit
@@ -175,8 +226,8 @@ def draw_filtered(row_ptr, mask_row_ptr, mask_on, VOCAB: tl.constexpr, key, inv_
     # p / p_max = exp(s - s_max), whatever the normalisation.
     min_score = tl.where(use_min_p, max_score + tl.log(tl.where(use_min_p, min_p, 1.0)),
                          float("-inf"))
-    _, _, _, _, token, _, _ = scan_chunk(row_ptr, mask_row_ptr, mask_on, 0, VOCAB, VOCAB, inv_temp, key, thr,
-                                   min_score, True, BLOCK, HAS_BITMASK)
+    token = scan_chunk(row_ptr, mask_row_ptr, mask_on, 0, VOCAB, VOCAB, inv_temp, key, thr,
+                       min_score, True, False, BLOCK, HAS_BITMASK)[4]
     return token
 
 
