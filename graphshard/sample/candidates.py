@@ -13,6 +13,11 @@ only its own top `need` (not `need` per chunk), the chunks share the largest flo
 far (`share_floor`) and capture only above it: every uncaptured token still lies below the
 largest chunk floor, which is what the check uses.
 
+A min-p-only row needs no floor: min-p keeps `s >= max s + log(min_p)`, and the largest chunk
+maximum published so far bounds the row's maximum from below, so a chunk captures every token
+above that bound (with the finish's rounding) and reports a floor of -inf: nothing a threshold
+can keep was left out.
+
 A pool that fits one tile is sorted once (`sorted_thresholds`, `top_raw`); a larger one is
 searched a radix digit per pass (`search_pool`).
 
@@ -88,8 +93,9 @@ def capture(pool_x_ptr, pool_id_ptr, count_ptr, x_raw, allowed, offs, take, CAP:
 
 @triton.jit
 def share_floor(fill_ptr, floor_x):
-    """Publish a chunk floor that bounds the row's own order statistic (not only the chunk's)
-    and return the order key of the largest floor published so far (the word after the pool
+    """Publish a chunk value that bounds one of the row's own order statistics from below (a
+    floor for the row's `need`-th largest, or the chunk maximum for the row's maximum) and
+    return the order key of the largest floor published so far (the word after the pool
     fill). Every such floor lies at or below the row's `need`-th largest logit, so the row's
     pool needs nothing below their maximum."""
     own = order_key(floor_x)
@@ -161,20 +167,20 @@ def draw_pool(pool_x_ptr, pool_id_ptr, n_cand, inv_temp, low_score, key, CAP: tl
               TILE: tl.constexpr):
     """Gumbel-max over captured allowed finite scores >= low_score: (best s + g, its lowest id);
     (-inf, 0) when there is none."""
-    best_z = tl.full((), float("-inf"), tl.float32)
-    best_id = tl.full((), 0, tl.int32)
+    # Per-lane winners, reduced once at the end (pool order is arbitrary: ties go by id).
+    best_z = tl.full([TILE], float("-inf"), tl.float32)
+    best_id = tl.full([TILE], 2147483647, tl.int32)
     for t in range(0, CAP, TILE):
         if t < n_cand:
             s, _, ids, ok = load_pool(pool_x_ptr, pool_id_ptr, t, n_cand, inv_temp, TILE)
             ok = ok & (s > float("-inf")) & (s >= low_score)
             z = tl.where(ok, s + rng.gumbel(key, ids), float("-inf"))
-            tile_z = tl.max(z, axis=0)
-            tile_id = tl.min(tl.where(ok & (z == tile_z), ids, 2147483647), axis=0)
-            better = (tile_z > best_z) | ((tile_z == best_z) & (tile_id < best_id))
-            better = better & (tile_z > float("-inf"))
-            best_id = tl.where(better, tile_id, best_id)
-            best_z = tl.where(better, tile_z, best_z)
-    return best_z, best_id
+            better = ok & ((z > best_z) | ((z == best_z) & (ids < best_id)))
+            best_id = tl.where(better, ids, best_id)
+            best_z = tl.where(better, z, best_z)
+    top_z = tl.max(best_z, axis=0)
+    top_id = tl.min(tl.where(best_z == top_z, best_id, 2147483647), axis=0)
+    return top_z, tl.where(top_z > float("-inf"), top_id, 0)
 
 
 @triton.jit

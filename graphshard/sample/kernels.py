@@ -46,9 +46,12 @@ Execution
 The vocabulary is cut into chunks of CHUNK columns; every (row, chunk) pair is a program, so a
 single row spreads over many SMs. Two launches:
 1. `_scan_kernel`, grid `(max_num_reqs * M, SPLITS)`: each program reads its chunk once for the
-   greedy argmax, the NaN flag and (random rows that may need it) the unfiltered Gumbel-max
-   winner. Rows with filters or logprobs read it a second time (from L2) to capture their
-   candidates into the row's pool (`graphshard.sample.candidates`) and to sum the softmax masses.
+   greedy argmax, the NaN flag, (random rows that may need it) the unfiltered Gumbel-max
+   winner and (top-p and logprob rows) the softmax sums, kept online per lane. Rows with
+   filters or logprobs then capture their candidates into the row's pool
+   (`graphshard.sample.candidates`): the chunk picks a cut, and only the lanes whose maximum
+   reaches it are read again (from L2). Min-p-only rows cut at the row maximum published so
+   far plus log(min_p) and need no floor search.
 2. `_finish_kernel`, grid `(max_num_reqs * M,)`, one program per row: settles the row
    (`graphshard.sample.resolve`):
    the greedy and unfiltered tokens combine the chunks; top-k, top-p, min-p and the top-K
@@ -223,8 +226,20 @@ def _scan_kernel(
         part, fill, pool_x, pool_id, stats, top = workspace_row(ws_ptr, row_id, rows, SPLITS, CAP)
         floor_s = tl.full((), float("inf"), tl.float32)
         floor_r = tl.full((), float("inf"), tl.float32)
+        min_p_only = filtered & (top_p >= 1.0) & ((top_k <= 0) | (top_k >= VOCAB)) \
+            & (num_logprobs == 0)
         # A one-chunk vocabulary is settled by whole-row passes: nothing to capture.
-        if (SPLITS > 1) & ((need_s > 0) | (need_r > 0)):
+        if (SPLITS > 1) & min_p_only:
+            # Min-p keeps s >= max s + log(min_p). The largest chunk maximum published so far
+            # bounds the row's from below (the same rounding as the finish's), so the chunk
+            # captures above that bound and leaves out nothing min-p can keep: its floor is
+            # -inf, and no floor search is needed.
+            row_max = key_to_float(share_floor(fill, max_x))
+            floor_s = tl.full((), float("-inf"), tl.float32)
+            _capture_hot(row_ptr, mask_row_ptr, mask_on, lo, fill, pool_x, pool_id, lane_x,
+                         lane_r, inv_temp, row_max * inv_temp + tl.log(min_p), float("inf"),
+                         VOCAB, CHUNK, CAP, BLOCK, HAS_BITMASK)
+        elif (SPLITS > 1) & ((need_s > 0) | (need_r > 0)):
             separate = False
             if HAS_BITMASK:
                 separate = mask_on
@@ -248,7 +263,7 @@ def _scan_kernel(
                     cut_s = key_to_float(share_floor(fill, floor_s))
                 cut_r = cut_s
             _capture_hot(row_ptr, mask_row_ptr, mask_on, lo, fill, pool_x, pool_id, lane_x,
-                         lane_r, cut_s, cut_r, VOCAB, CHUNK, CAP, BLOCK, HAS_BITMASK)
+                         lane_r, 1.0, cut_s, cut_r, VOCAB, CHUNK, CAP, BLOCK, HAS_BITMASK)
         out = part + split
         tl.store(out + P_NAN * SPLITS, nan)
         tl.store(out + P_MAX_X * SPLITS, max_x.to(tl.int32, bitcast=True))
@@ -277,13 +292,14 @@ def _lane_floor(lane_max, need, BLOCK: tl.constexpr, LANES: tl.constexpr,
 
 @triton.jit
 def _capture_hot(row_ptr, mask_row_ptr, mask_on, lo, fill, pool_x, pool_id, lane_x, lane_r,
-                 cut_s, cut_r, VOCAB: tl.constexpr, CHUNK: tl.constexpr, CAP: tl.constexpr,
-                 BLOCK: tl.constexpr, HAS_BITMASK: tl.constexpr):
-    """Capture the chunk's tokens at or above the cuts (allowed ones against `cut_s`, any
-    against `cut_r`) into the row's pool. Only lanes whose maximum reaches a cut can hold such a
-    token, and few do: the others load nothing, and every tile of the chunk is loaded at once
-    (from L2), so the capture costs about one load's latency."""
-    hot = (lane_x >= cut_s) | (lane_r >= cut_r)  # [BLOCK]
+                 scale, cut_s, cut_r, VOCAB: tl.constexpr, CHUNK: tl.constexpr,
+                 CAP: tl.constexpr, BLOCK: tl.constexpr, HAS_BITMASK: tl.constexpr):
+    """Capture the chunk's tokens at or above the cuts (allowed ones whose `logit * scale`
+    reaches `cut_s`, any whose logit reaches `cut_r`) into the row's pool. Only lanes whose
+    maximum reaches a cut can hold such a token, and few do: the others load nothing, and every
+    tile of the chunk is loaded at once (from L2), so the capture costs about one load's
+    latency."""
+    hot = (lane_x * scale >= cut_s) | (lane_r >= cut_r)  # [BLOCK]
     lanes = tl.arange(0, BLOCK)
     for start in range(0, CHUNK, 2 * BLOCK):
         # Both tiles loaded before either is captured: half the load latencies in a row.
@@ -294,13 +310,14 @@ def _capture_hot(row_ptr, mask_row_ptr, mask_on, lo, fill, pool_x, pool_id, lane
                                              tl.where(hot, offs_a, VOCAB), VOCAB, HAS_BITMASK)
         _, _, raw_b, allowed_b = load_masked(row_ptr, mask_row_ptr, mask_on,
                                              tl.where(hot, offs_b, VOCAB), VOCAB, HAS_BITMASK)
-        _capture_cut(pool_x, pool_id, fill, raw_a, allowed_a, offs_a, cut_s, cut_r, CAP)
-        _capture_cut(pool_x, pool_id, fill, raw_b, allowed_b, offs_b, cut_s, cut_r, CAP)
+        _capture_cut(pool_x, pool_id, fill, raw_a, allowed_a, offs_a, scale, cut_s, cut_r, CAP)
+        _capture_cut(pool_x, pool_id, fill, raw_b, allowed_b, offs_b, scale, cut_s, cut_r, CAP)
 
 
 @triton.jit
-def _capture_cut(pool_x, pool_id, fill, raw, allowed, offs, cut_s, cut_r, CAP: tl.constexpr):
-    take = (raw > float("-inf")) & ((allowed & (raw >= cut_s)) | (raw >= cut_r))
+def _capture_cut(pool_x, pool_id, fill, raw, allowed, offs, scale, cut_s, cut_r,
+                 CAP: tl.constexpr):
+    take = (raw > float("-inf")) & ((allowed & (raw * scale >= cut_s)) | (raw >= cut_r))
     capture(pool_x, pool_id, fill, raw, allowed, offs, take, CAP)
 
 
