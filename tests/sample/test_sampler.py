@@ -861,6 +861,20 @@ def test_adversarial_batches_match_reference(seed, small_pool):
     run_adversarial(adversarial_batch(rs, kinds), pool_size=16 if small_pool else None)
 
 
+@pytest.mark.parametrize("kind", ROW_KINDS)
+def test_min_p_rows_match_reference(kind):
+    """Min-p-only rows capture above the row maximum published so far, with no floor search:
+    every row kind, temperatures from 1e-30 to 1e30 (scores that overflow or underflow), min-p
+    from 1e-6 to 1, with the default pool and with one too small for the kept set."""
+    rs = np.random.default_rng(sum(map(ord, kind)) + 1)
+    for pool_size in (None, 16):
+        b = adversarial_batch(rs, [kind] * 4)
+        b.params = [SamplingParams(temperature=t, min_p=p, seed=int(rs.integers(0, 2**63)))
+                    for t, p in zip(rs.permutation([1e-30, 0.3, 7.0, 1e30]),
+                                    rs.permutation([1e-6, 0.05, 0.5, 1.0]))]
+        run_adversarial(b, pool_size=pool_size)
+
+
 def test_every_path_settles_rows_exactly():
     """Rows settled from the pool, by verifying the unfiltered winner, and by the whole-row
     fallback all equal the reference; the counters show each path ran."""
@@ -869,6 +883,10 @@ def test_every_path_settles_rows_exactly():
     b = adversarial_batch(rs, ["flat"] * 4)
     b.params = [SamplingParams(temperature=0.8, top_k=50, top_p=0.9, seed=i, num_logprobs=3)
                 for i in range(4)]
+    assert run_adversarial(b) == {"draw_fallback": 0, "logprobs_fallback": 0, "counted": 0}
+    # Candidates: min-p alone, cut at the row maximum.
+    b = adversarial_batch(rs, ["flat"] * 4)
+    b.params = [SamplingParams(temperature=0.8, min_p=0.05, seed=i) for i in range(4)]
     assert run_adversarial(b) == {"draw_fallback": 0, "logprobs_fallback": 0, "counted": 0}
     # Verify: a pool too small for the nucleus of top-p 0.999 over flat rows, temperature 2.
     b = adversarial_batch(rs, ["flat"] * 4)
