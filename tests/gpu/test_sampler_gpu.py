@@ -7,8 +7,8 @@ import torch
 
 from graphshard.sample import kernels as sampler
 from graphshard.sample.params import SamplingParams
-from tests.sample.test_sampler import ROW_KINDS, adversarial_batch, make_batch, run_kernel, run_ref, \
-    assert_same
+from tests.sample.test_sampler import ROW_KINDS, adversarial_batch, make_batch, min_p_batch, \
+    run_kernel, run_ref, assert_same
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 
@@ -46,3 +46,14 @@ def test_adversarial_rows_full_vocabulary(kind):
         ws = sampler.SamplerWorkspace.allocate(6, 1, V, "cuda")
         records, layout = run_kernel(b, K=3, vocab_size=V, block_size=None, workspace=ws)
         assert_same(records, layout, run_ref(b, K=3, vocab_size=V))
+
+
+@pytest.mark.parametrize("kind", ROW_KINDS)
+def test_min_p_rows_full_vocabulary(kind):
+    """Min-p alone cuts at the row maximum with no floor search: every adversarial kind at full
+    vocabulary, extreme temperatures, min-p from 1e-6 to 1."""
+    rs = np.random.default_rng(sum(map(ord, kind)) + 1)
+    b = min_p_batch(rs, kind, vocab=V, padded=PV)
+    ws = sampler.SamplerWorkspace.allocate(4, 1, V, "cuda")
+    records, layout = run_kernel(b, K=3, vocab_size=V, block_size=None, workspace=ws)
+    assert_same(records, layout, run_ref(b, K=3, vocab_size=V))

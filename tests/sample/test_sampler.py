@@ -861,18 +861,23 @@ def test_adversarial_batches_match_reference(seed, small_pool):
     run_adversarial(adversarial_batch(rs, kinds), pool_size=16 if small_pool else None)
 
 
+def min_p_batch(rs, kind: str, vocab=AV, padded=APV) -> Batch:
+    """Four rows of one adversarial kind with min-p alone: temperatures from 1e-30 to 1e30
+    (scores that overflow or underflow) and min-p from 1e-6 to 1, in random pairs."""
+    b = adversarial_batch(rs, [kind] * 4, vocab, padded)
+    b.params = [SamplingParams(temperature=t, min_p=p, seed=int(rs.integers(0, 2**63)))
+                for t, p in zip(rs.permutation([1e-30, 0.3, 7.0, 1e30]),
+                                rs.permutation([1e-6, 0.05, 0.5, 1.0]))]
+    return b
+
+
 @pytest.mark.parametrize("kind", ROW_KINDS)
 def test_min_p_rows_match_reference(kind):
     """Min-p-only rows capture above the row maximum published so far, with no floor search:
-    every row kind, temperatures from 1e-30 to 1e30 (scores that overflow or underflow), min-p
-    from 1e-6 to 1, with the default pool and with one too small for the kept set."""
+    every row kind, with the default pool and with one too small for the kept set."""
     rs = np.random.default_rng(sum(map(ord, kind)) + 1)
     for pool_size in (None, 16):
-        b = adversarial_batch(rs, [kind] * 4)
-        b.params = [SamplingParams(temperature=t, min_p=p, seed=int(rs.integers(0, 2**63)))
-                    for t, p in zip(rs.permutation([1e-30, 0.3, 7.0, 1e30]),
-                                    rs.permutation([1e-6, 0.05, 0.5, 1.0]))]
-        run_adversarial(b, pool_size=pool_size)
+        run_adversarial(min_p_batch(rs, kind), pool_size=pool_size)
 
 
 def test_every_path_settles_rows_exactly():
