@@ -30,13 +30,22 @@ def sample_unsharded(full_logits: torch.Tensor, *, idx_mapping: np.ndarray, cu_n
 
     records = torch.full((width, layout.width), -2, dtype=torch.int32, device=device)
     rows = full_logits.shape[0]
+    # The engine's sampler always has a bitmask and a device flag saying whether the step uses
+    # it, and drafts whenever requests have several rows (-1: none). The oracle launches the
+    # same way, so a run compiles one sampler specialization, not one per input combination
+    # (each takes over a minute to compile for a GPU). A flag of 0 leaves the mask unread and
+    # drafts of -1 accept nothing: the same as passing neither.
+    bitmask_on = torch.tensor([int(grammar_bitmask is not None)], dtype=torch.int32, device=device)
+    if grammar_bitmask is None:
+        grammar_bitmask = torch.zeros((1, -(-vocab_size // 32)), dtype=torch.int32, device=device)
+    if draft_token_ids is None and layout.max_num_logits_per_req > 1:
+        draft_token_ids = torch.full((rows,), -1, dtype=torch.int32, device=device)
     sample(full_logits, vocab_size=vocab_size, num_reqs=torch.tensor([n], dtype=torch.int32, device=device),
            req_slots=dev(idx_mapping, width), cu_num_logits=dev(cu_num_logits, width + 1),
            seq_lens=dev(seq_lens, width), tables=tables, layout=layout, records=records,
-           max_num_reqs=width, draft_tokens=draft_token_ids,
-           bitmask=grammar_bitmask,
-           bitmask_rows=torch.arange(rows, dtype=torch.int32, device=device)
-           if grammar_bitmask is not None else None)
+           max_num_reqs=width, draft_tokens=draft_token_ids, bitmask=grammar_bitmask,
+           bitmask_rows=torch.arange(rows, dtype=torch.int32, device=device) * bitmask_on,
+           bitmask_enabled=bitmask_on)
     return unpack(records[:n], layout)
 
 

@@ -18,23 +18,30 @@ def launch(kernel, grid, *args, **kwargs):
         return kernel[grid](*args, **kwargs)
 
 
-def _signature(kernel) -> tuple[list[str], set[str], set]:
-    """(parameter names, constexpr names, do_not_specialize entries) of a jit or interpreted kernel."""
+def _signature(kernel) -> tuple[list[str], set[str], set, set]:
+    """(parameter names, constexpr names, do_not_specialize entries, do_not_specialize_on_alignment
+    entries) of a jit or interpreted kernel."""
     fn = kernel.fn
     sig = inspect.signature(fn).parameters
     names = list(sig)
     constexprs = {n for n, p in sig.items() if p.annotation is tl.constexpr or p.annotation == "tl.constexpr"}
-    no_spec = getattr(kernel, "do_not_specialize", None)
-    if no_spec is None:  # the interpreter keeps the decorator's arguments instead
-        no_spec = (getattr(kernel, "kwargs", None) or {}).get("do_not_specialize") or ()
-    return names, constexprs, set(no_spec)
+    return names, constexprs, _option(kernel, "do_not_specialize"), \
+        _option(kernel, "do_not_specialize_on_alignment")
+
+
+def _option(kernel, name: str) -> set:
+    value = getattr(kernel, name, None)
+    if value is None:  # the interpreter keeps the decorator's arguments instead
+        value = (getattr(kernel, "kwargs", None) or {}).get(name) or ()
+    return set(value)
 
 
 def specialization_key(kernel, args: tuple, kwargs: dict) -> tuple:
     """What Triton compiles a separate binary for: constexprs by value, int args equal to 1 or
-    divisible by 16 (unless marked do_not_specialize), pointer alignment. Used to count
+    divisible by 16 (unless marked do_not_specialize), pointer alignment (unless marked
+    do_not_specialize_on_alignment). Used to count
     compilations where the interpreter compiles nothing."""
-    names, constexprs, no_spec = _signature(kernel)
+    names, constexprs, no_spec, any_alignment = _signature(kernel)
     bound = dict(zip(names, args))
     bound.update(kwargs)
     key = []
@@ -45,7 +52,8 @@ def specialization_key(kernel, args: tuple, kwargs: dict) -> tuple:
         if name in constexprs:
             key.append((name, repr(v)))
         elif isinstance(v, torch.Tensor):
-            key.append((name, str(v.dtype), v.data_ptr() % 16 == 0))
+            aligned = None if name in any_alignment or i in any_alignment else v.data_ptr() % 16 == 0
+            key.append((name, str(v.dtype), aligned))
         elif isinstance(v, bool) or not isinstance(v, int):
             key.append((name, type(v).__name__))
         elif name in no_spec or i in no_spec:

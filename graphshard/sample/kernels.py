@@ -104,6 +104,9 @@ FLOOR_LANES = 1024
 # Lanes of the cheaper floor search for needs up to a quarter of them (small top-k, logprobs).
 SMALL_FLOOR_LANES = 256
 SLOT_ROW = tl.constexpr(SLOT_WIDTH)
+_NOT_SPECIALISED = ["bitmask_stride", "records_stride", "rows"]
+_ANY_ALIGNMENT = ["num_reqs_ptr", "req_slots_ptr", "cu_num_logits_ptr", "seq_lens_ptr",
+                  "bitmask_rows_ptr", "bitmask_on_ptr", "draft_ptr"]
 # Key digits a capture floor is resolved to: 16 bits (sign, exponent, 7 mantissa bits) put the
 # floor within 1% of the exact order statistic.
 FLOOR_PASSES = 4
@@ -156,8 +159,11 @@ def _bitmask_row(bitmask_ptr, bitmask_stride, bitmask_rows_ptr, bitmask_on_ptr, 
 
 
 # logits_stride stays specialised: the engine's logits buffer fixes it, and a stride divisible
-# by 16 lets the row loads vectorise. Nothing that varies per step is an int argument.
-@triton.jit(do_not_specialize=["bitmask_stride", "records_stride", "rows"])
+# by 16 lets the row loads vectorise. Nothing that varies per step is an int argument. The
+# per-request inputs are read a word at a time, so their alignment buys nothing: not
+# specialising on it lets the engine (views into one staging buffer) and a caller with fresh
+# tensors (the oracle) share one compiled kernel.
+@triton.jit(do_not_specialize=_NOT_SPECIALISED, do_not_specialize_on_alignment=_ANY_ALIGNMENT)
 def _scan_kernel(
     logits_ptr,  # [num_rows, padded_vocab] fp32/bf16/fp16
     logits_stride,
@@ -324,7 +330,7 @@ def _capture_cut(pool_x, pool_id, fill, raw, allowed, offs, scale, cut_s, cut_r,
 # --------------------------------------------------------------------------- launch 2: records
 
 
-@triton.jit(do_not_specialize=["bitmask_stride", "records_stride", "rows"])
+@triton.jit(do_not_specialize=_NOT_SPECIALISED, do_not_specialize_on_alignment=_ANY_ALIGNMENT)
 def _finish_kernel(
     logits_ptr, logits_stride, num_reqs_ptr, req_slots_ptr, cu_num_logits_ptr, seq_lens_ptr,
     bitmask_ptr, bitmask_stride, bitmask_rows_ptr, bitmask_on_ptr, slots_ptr, ws_ptr,
