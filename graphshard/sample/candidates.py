@@ -95,12 +95,12 @@ def capture(pool_x_ptr, pool_id_ptr, count_ptr, x_raw, allowed, offs, take, CAP:
 def share_floor(fill_ptr, floor_x):
     """Publish a chunk value that bounds one of the row's own order statistics from below (a
     floor for the row's `need`-th largest, or the chunk maximum for the row's maximum) and
-    return the order key of the largest floor published so far (the word after the pool
-    fill). Every such floor lies at or below the row's `need`-th largest logit, so the row's
-    pool needs nothing below their maximum."""
+    return the largest value published so far (kept as an order key in the word after the pool
+    fill). Every such value lies at or below that statistic, so the row's pool needs nothing
+    below their maximum."""
     own = order_key(floor_x)
     shared = (fill_ptr + 1).to(tl.pointer_type(tl.uint32))
-    return tl.maximum(tl.atomic_max(shared, own, sem="relaxed"), own)
+    return key_to_float(tl.maximum(tl.atomic_max(shared, own, sem="relaxed"), own))
 
 
 @triton.jit

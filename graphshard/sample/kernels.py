@@ -76,8 +76,7 @@ from graphshard.runtime.launch import check_int32_vector, launch
 from graphshard.sample.params import SLOT_WIDTH, SlotTables
 from graphshard.sample.records import RecordLayout
 from graphshard.sample.resolve import load_part, settle_logprobs, settle_token, store_logprobs
-from graphshard.sample.rows import (key_to_float, load_masked, scan_chunk, second_tile,
-                                    uses_filters)
+from graphshard.sample.rows import load_masked, scan_chunk, second_tile, uses_filters
 from graphshard.sample.candidates import capture, chunk_floor, fold_lanes, share_floor
 from graphshard.sample.workspace import (CHUNK_TOP, MAX_LOGPROBS, P_ARG_X, P_ARG_Z, P_FLOOR_R, P_FLOOR_S,
                                           P_MAX_R, P_MAX_X, P_MAX_Z, P_NAN, P_SUM_R, P_SUM_S,
@@ -209,25 +208,21 @@ def _scan_kernel(
         key = rng.row_key(seed_lo, seed_hi, seq_len + r)
         lo = split * CHUNK
         sums = (filtered & (top_p < 1.0) & ~small_k) | (num_logprobs > 0)
-        no_key = tl.full((), 0, tl.uint32)
         # Four copies of the pass, so that greedy and unfiltered rows pay for nothing they skip.
         if draw:
             if sums:
-                (nan, max_x, arg_x, max_z, arg_z, lane_x, lane_r, sum_s, sum_r) = scan_chunk(
-                    row_ptr, mask_row_ptr, mask_on, lo, CHUNK, VOCAB, inv_temp, key, no_key,
-                    float("-inf"), True, True, BLOCK, HAS_BITMASK)
+                scan = _scan(row_ptr, mask_row_ptr, mask_on, lo, inv_temp, key, True, True,
+                             CHUNK, VOCAB, BLOCK, HAS_BITMASK)
             else:
-                (nan, max_x, arg_x, max_z, arg_z, lane_x, lane_r, sum_s, sum_r) = scan_chunk(
-                    row_ptr, mask_row_ptr, mask_on, lo, CHUNK, VOCAB, inv_temp, key, no_key,
-                    float("-inf"), True, False, BLOCK, HAS_BITMASK)
+                scan = _scan(row_ptr, mask_row_ptr, mask_on, lo, inv_temp, key, True, False,
+                             CHUNK, VOCAB, BLOCK, HAS_BITMASK)
         elif sums:
-            (nan, max_x, arg_x, max_z, arg_z, lane_x, lane_r, sum_s, sum_r) = scan_chunk(
-                row_ptr, mask_row_ptr, mask_on, lo, CHUNK, VOCAB, inv_temp, key, no_key,
-                float("-inf"), False, True, BLOCK, HAS_BITMASK)
+            scan = _scan(row_ptr, mask_row_ptr, mask_on, lo, inv_temp, key, False, True, CHUNK,
+                         VOCAB, BLOCK, HAS_BITMASK)
         else:
-            (nan, max_x, arg_x, max_z, arg_z, lane_x, lane_r, sum_s, sum_r) = scan_chunk(
-                row_ptr, mask_row_ptr, mask_on, lo, CHUNK, VOCAB, inv_temp, key, no_key,
-                float("-inf"), False, False, BLOCK, HAS_BITMASK)
+            scan = _scan(row_ptr, mask_row_ptr, mask_on, lo, inv_temp, key, False, False, CHUNK,
+                         VOCAB, BLOCK, HAS_BITMASK)
+        nan, max_x, arg_x, max_z, arg_z, lane_x, lane_r, sum_s, sum_r = scan
         max_r = tl.max(lane_r, axis=0)
         part, fill, pool_x, pool_id, stats, top = workspace_row(ws_ptr, row_id, rows, SPLITS, CAP)
         floor_s = tl.full((), float("inf"), tl.float32)
@@ -240,7 +235,7 @@ def _scan_kernel(
             # bounds the row's from below (the same rounding as the finish's), so the chunk
             # captures above that bound and leaves out nothing min-p can keep: its floor is
             # -inf, and no floor search is needed.
-            row_max = key_to_float(share_floor(fill, max_x))
+            row_max = share_floor(fill, max_x)
             floor_s = tl.full((), float("-inf"), tl.float32)
             _capture_hot(row_ptr, mask_row_ptr, mask_on, lo, fill, pool_x, pool_id, lane_x,
                          lane_r, inv_temp, row_max * inv_temp + tl.log(min_p), float("inf"),
@@ -266,7 +261,7 @@ def _scan_kernel(
                 # A small top-k and a greedy row's logprobs need only the row's top `need`,
                 # so the chunks of the row share their floors; other needs are per chunk.
                 if small_k | ~is_random:
-                    cut_s = key_to_float(share_floor(fill, floor_s))
+                    cut_s = share_floor(fill, floor_s)
                 cut_r = cut_s
             _capture_hot(row_ptr, mask_row_ptr, mask_on, lo, fill, pool_x, pool_id, lane_x,
                          lane_r, 1.0, cut_s, cut_r, VOCAB, CHUNK, CAP, BLOCK, HAS_BITMASK)
@@ -281,6 +276,15 @@ def _scan_kernel(
         tl.store(out + P_MAX_R * SPLITS, max_r.to(tl.int32, bitcast=True))
         tl.store(out + P_SUM_R * SPLITS, sum_r.to(tl.int32, bitcast=True))
         tl.store(out + P_SUM_S * SPLITS, sum_s.to(tl.int32, bitcast=True))
+
+
+@triton.jit
+def _scan(row_ptr, mask_row_ptr, mask_on, lo, inv_temp, key, DRAW: tl.constexpr,
+          SUMS: tl.constexpr, CHUNK: tl.constexpr, VOCAB: tl.constexpr, BLOCK: tl.constexpr,
+          HAS_BITMASK: tl.constexpr):
+    """The chunk's streaming pass (`scan_chunk` over the whole chunk, no thresholds)."""
+    return scan_chunk(row_ptr, mask_row_ptr, mask_on, lo, CHUNK, VOCAB, inv_temp, key,
+                      tl.full((), 0, tl.uint32), float("-inf"), DRAW, SUMS, BLOCK, HAS_BITMASK)
 
 
 @triton.jit
@@ -302,13 +306,11 @@ def _capture_hot(row_ptr, mask_row_ptr, mask_on, lo, fill, pool_x, pool_id, lane
                  CAP: tl.constexpr, BLOCK: tl.constexpr, HAS_BITMASK: tl.constexpr):
     """Capture the chunk's tokens at or above the cuts (allowed ones whose `logit * scale`
     reaches `cut_s`, any whose logit reaches `cut_r`) into the row's pool. Only lanes whose
-    maximum reaches a cut can hold such a token, and few do: the others load nothing, and every
-    tile of the chunk is loaded at once (from L2), so the capture costs about one load's
-    latency."""
+    maximum reaches a cut can hold such a token, and few do: the others load nothing. Two tiles
+    per step, both loaded (from L2) before either is captured."""
     hot = (lane_x * scale >= cut_s) | (lane_r >= cut_r)  # [BLOCK]
     lanes = tl.arange(0, BLOCK)
     for start in range(0, CHUNK, 2 * BLOCK):
-        # Both tiles loaded before either is captured: half the load latencies in a row.
         # A cold lane's column reads as padding: nothing loaded, nothing taken.
         offs_a = lo + start + lanes
         offs_b = second_tile(offs_a, CHUNK, VOCAB, BLOCK)
