@@ -45,7 +45,9 @@ Execution
 ---------
 The vocabulary is cut into chunks of CHUNK columns; every (row, chunk) pair is a program, so a
 single row spreads over many SMs. Two launches:
-1. `_scan_kernel`, grid `(max_num_reqs * M, SPLITS)`: each program reads its chunk once for the
+1. `_scan_kernel`, grid `(max_num_reqs * M, SPLITS)` (twice when a device flag switches the
+   bitmask: with and without bitmask support, the flag picking which one works): each program
+   reads its chunk once for the
    greedy argmax, the NaN flag, (random rows that may need it) the unfiltered Gumbel-max
    winner and (top-p and logprob rows) the softmax sums, kept online per lane. Rows with
    filters or logprobs then capture their candidates into the row's pool
@@ -188,6 +190,12 @@ def _scan_kernel(
     r = row_id % M
     live, slot, first_row, m, seq_len = _request(num_reqs_ptr, req_slots_ptr, cu_num_logits_ptr,
                                                  seq_lens_ptr, row_id // M, M)
+    if HAS_BITMASK_FLAG:
+        # With a device flag the launcher runs this kernel twice, with and without bitmask
+        # support, and the flag picks which one works (the other's programs return at once):
+        # a step without a bitmask streams in the lean variant, whose registers (64 against 112
+        # with the mask, fp32) fit twice the programs per SM.
+        live = live & ((tl.load(bitmask_on_ptr) != 0) == HAS_BITMASK)
     if live & (r < m):
         split = tl.program_id(1)
         row = first_row + r
@@ -582,12 +590,15 @@ def sample(logits: torch.Tensor, *, vocab_size: int, num_reqs: torch.Tensor,
     flags = dict(HAS_BITMASK=bitmask is not None, HAS_BITMASK_FLAG=bitmask_enabled is not None)
     tile = max(min(POOL_TILE, cap), k_p)
     top = min(CHUNK_TOP, lanes)
-    launch(_scan_kernel, (max_num_reqs * m, splits), *common,
-           VOCAB=vocab_size, M=m, K=k, CHUNK=chunk, SPLITS=splits, CAP=cap,
-           LANES=lanes, SMALL_LANES=min(SMALL_FLOOR_LANES, lanes), TOP=top, BLOCK=chunk_block,
-           **flags, FLOOR_PASSES=FLOOR_PASSES,
-           RADIX_BITS=RADIX_BITS, num_warps=8 if chunk_block >= 1024 else 4,
-           **NO_FMA)
+    scan = dict(VOCAB=vocab_size, M=m, K=k, CHUNK=chunk, SPLITS=splits, CAP=cap, LANES=lanes,
+                SMALL_LANES=min(SMALL_FLOOR_LANES, lanes), TOP=top, BLOCK=chunk_block,
+                FLOOR_PASSES=FLOOR_PASSES, RADIX_BITS=RADIX_BITS,
+                num_warps=8 if chunk_block >= 1024 else 4, **NO_FMA)
+    launch(_scan_kernel, (max_num_reqs * m, splits), *common, **flags, **scan)
+    if bitmask_enabled is not None:
+        # The variant for steps whose flag is off (see `_scan_kernel`).
+        launch(_scan_kernel, (max_num_reqs * m, splits), *common, HAS_BITMASK=False,
+               HAS_BITMASK_FLAG=True, **scan)
     launch(_finish_kernel, (max_num_reqs * m,), *common,
            draft_tokens if draft_tokens is not None else dummy,
            VOCAB=vocab_size, M=m, M_P=triton.next_power_of_2(m), K=k, K_P=k_p, SPLITS=splits,
