@@ -37,6 +37,9 @@ class StepInputs:
         self.meta, self.staging = self.staged.meta, self.staged.rows
         self.num_reqs, self.bitmask_on, self.idx_mapping, self.cu_num_logits, self.seq_lens = \
             self.staged.views()
+        # stage(step, idx, cu, lens, bitmask_on): step `step`'s replicated arrays into its pinned
+        # row, no device call (bound directly: this runs every step).
+        self.stage = self.staged.write
         self.logits = torch.zeros(rows, vocab_shard, dtype=logits_dtype, device=device)  # [rows, V/T]
         self.draft_token_ids = torch.full((rows,), -1, dtype=torch.int32, device=device)
         self.grammar_bitmask = torch.full((rows, bitmask_words), -1, dtype=torch.int32, device=device)
@@ -47,15 +50,11 @@ class StepInputs:
                                                        ("drafts", self.draft_token_ids),
                                                        ("bitmask", self.grammar_bitmask))}
         self._on_device = _device_test(device)
+        self._logits_ptr = self._spans["logits"][0]
         self._dtype, self._vocab_shard = logits_dtype, vocab_shard
         self._row_strides = (vocab_shard, 1)  # contiguous rows; the leading rows of self.logits
 
     # -- per step ---------------------------------------------------------------------------------
-    def stage(self, step: int, idx: np.ndarray, cu: np.ndarray, lens: np.ndarray,
-              bitmask_on: bool) -> None:
-        """Write step `step`'s replicated arrays into its pinned row (no device call)."""
-        self.staged.write(step, idx, cu, lens, bitmask_on)
-
     def stage_placeholder(self, step: int, idx, cu, lens) -> None:
         """A batch every warm-up, capture or timing run may fetch, whichever row it reads."""
         self.staged.write_both(step, idx, cu, lens, False)
@@ -70,7 +69,7 @@ class StepInputs:
 
     def is_zero_copy(self, logits: torch.Tensor, num_logits: int) -> bool:
         """Whether the decode loop wrote this step's logits straight into `self.logits`."""
-        return num_logits > 0 and logits.data_ptr() == self._spans["logits"][0]
+        return num_logits > 0 and logits.data_ptr() == self._logits_ptr
 
     def write_tensors(self, logits: torch.Tensor, drafts, bitmask, num_logits: int) -> None:
         """Copy this rank's tensors in (stream-ordered, so a step in flight still reads its own)."""
@@ -97,9 +96,9 @@ class StepInputs:
                 and logits.shape == (num_logits, self._vocab_shard)
                 and logits.stride() == self._row_strides and self._on_device(logits)):
             return False
-        lo, hi = self._spans["logits"]
         p = logits.data_ptr()
-        if p != lo and lo <= p < hi:
+        lo = self._logits_ptr
+        if p != lo and lo <= p < self._spans["logits"][1]:
             return False  # a view into the static buffer other than its leading rows
         if drafts is None and bitmask is None:
             return True
