@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Every GPU test and the benchmark sweep in one call; results land under $OUT (default ./out).
-# Usage: bash benchmarks/run_gpu.sh [kernels|sampling|tests|reliability|divergence|bench|exchange|profile|host|sweep|all]...
+# Usage: bash benchmarks/run_gpu.sh [kernels|sampling|tests|reliability|divergence|bench|exchange|profile|host|anatomy|sweep|all]...
 # (default: all; "kernels" runs the sampler tests compiled on one GPU, "sampling" the sampler
 # benchmark against the PyTorch sort sampler, "tests" runs tests/gpu except the long reliability
 # run and the divergence check's tests, "reliability" and "divergence" run those; the divergence
@@ -64,6 +64,10 @@ fi
 if want host; then
   echo "== host path microbenchmark" | tee -a "$log"
   timeout "$T_PROFILE" python3 -m benchmarks.host_path 2>&1 | tee -a "$log" || status=1
+fi
+if want anatomy; then
+  echo "== where a tp = 1 step's time goes" | tee -a "$log"
+  timeout "$T_PROFILE" python3 -m benchmarks.step_anatomy --out "$OUT/anatomy.json" 2>&1 | tee -a "$log" || status=1
 fi
 if want sweep; then
   echo "== sweep" | tee -a "$log"
