@@ -34,7 +34,7 @@ if want sampling; then
 fi
 if want tests; then
   echo "== tests/gpu" | tee -a "$log"
-  timeout "$T_TESTS" python3 -m pytest -q -rs --timeout=150 ${TEST_ARGS:-tests/gpu --ignore=tests/gpu/test_reliability_gpu.py --ignore=tests/gpu/test_divergence_gpu.py} 2>&1 | tee -a "$log" || status=1
+  timeout "$T_TESTS" python3 -m pytest -q -rs --timeout=300 ${TEST_ARGS:-tests/gpu --ignore=tests/gpu/test_reliability_gpu.py --ignore=tests/gpu/test_divergence_gpu.py} 2>&1 | tee -a "$log" || status=1
 fi
 if want reliability; then
   export LONG_RUN_STEPS=${LONG_RUN_STEPS:-100000}
