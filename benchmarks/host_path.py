@@ -19,6 +19,7 @@ from graphshard.config import Config
 from graphshard.engine.divergence import DivergenceCheck
 from graphshard.engine import Engine
 from graphshard.engine.faults import FaultGuard
+from graphshard.plan.staging import Staging
 from graphshard.sample.params import SamplingParams
 
 BATCHES = (1, 8, 32, 128, 256, 1024)
@@ -81,7 +82,8 @@ def _divergence_step(check: DivergenceCheck, guard: FaultGuard, idx, cu, lens):
 
 def measure(calls: int) -> list[dict]:
     engine, guard = _engine(), _cuda_guard()
-    check = DivergenceCheck(0, 2, torch.device("cpu"), torch.zeros(1, dtype=torch.int64), one_row=True)
+    check = DivergenceCheck(0, 2, torch.device("cpu"), Staging(max(BATCHES), 1, torch.device("cpu")),
+                            one_row=True)
     rng = np.random.default_rng(0)
     rows = []
     for n in BATCHES:

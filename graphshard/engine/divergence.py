@@ -1,9 +1,11 @@
 """The always-on rank-divergence check: a digest of what must agree, compared inside the step.
 
 The sharded step is only correct while every rank passes the same replicated inputs and holds
-the same slot tables. Each step the host writes a 32-byte digest next to its staged inputs (a
-pinned, double-buffered row, like `graphshard.plan.staging`): [step, inputs, slots, spare] as int64.
-- step: left to the device, which fills in the step number it fetched;
+the same slot tables. Each step the host writes two digest words into the header of its staged
+inputs (`graphshard.plan.staging`), so the step's copy brings them to the device with the
+inputs and its kernels read them from device memory (a kernel's read of pinned host memory is a
+round trip over the host link). The device's digest is [step, inputs, slots, spare] as int64:
+- step: the step number the device fetched;
 - inputs: CRC-32 of the replicated arrays, plus flags in the high word (bitmask on, drafts
   given, and "refused": this rank refused the batch for a slot that holds no request here);
 - slots: the XOR of per-slot hashes of (slot, params) that `add_request`/`remove_request`
@@ -25,6 +27,7 @@ import triton
 import triton.language as tl
 
 from graphshard.errors import RankDivergenceError
+from graphshard.plan.staging import Staging
 from graphshard.runtime.launch import launch
 
 DIGEST_WORDS = 4  # int64: step, inputs, slots, spare
@@ -38,14 +41,12 @@ DIGEST_SIZE = tl.constexpr(DIGEST_WORDS)
 
 
 @triton.jit
-def load_digest(digest_addresses_ptr, seq_ptr):
-    """This rank's digest [DIGEST_WORDS] int64 of the step whose number `seq_ptr` holds, read from
-    the pinned rows, with the step number filled in."""
-    seq = tl.load(seq_ptr)
-    rows = tl.load(digest_addresses_ptr).to(tl.pointer_type(tl.int64))
+def load_digest(header_ptr):
+    """This rank's digest [DIGEST_WORDS] int64 of the running step, from the staged header
+    `header_ptr` (int64 [step, num_reqs | bitmask_on, inputs, slots], device memory)."""
     words = tl.arange(0, 4)
-    digest = tl.load(rows + (seq & 1) * 4 + words, volatile=True)
-    return tl.where(words == 0, seq, digest)
+    # [step, inputs, slots, spare = 0]
+    return tl.load(header_ptr + tl.where(words == 0, 0, words + 1), mask=words < 3, other=0)
 
 
 @triton.jit
@@ -55,7 +56,7 @@ def _rank_mask(differ, ranks):
 
 
 @triton.jit
-def judge(digests_ptr, digest_addresses_ptr, seq_ptr, WORLD_SIZE: tl.constexpr,
+def judge(digests_ptr, verdicts_address_ptr, seq_ptr, WORLD_SIZE: tl.constexpr,
           WORLD_POW2: tl.constexpr):
     """Compare every rank's digest (`digests_ptr` [WORLD_SIZE, DIGEST_WORDS] int64) with rank 0's;
     on any difference write the verdict into the pinned row of this step's parity. Called by one
@@ -77,7 +78,7 @@ def judge(digests_ptr, digest_addresses_ptr, seq_ptr, WORLD_SIZE: tl.constexpr,
     verdict = step_mask | inputs_mask | slots_mask | refused_mask
     if verdict != 0:
         seq = tl.load(seq_ptr)
-        row = tl.load(digest_addresses_ptr + 1).to(tl.pointer_type(tl.int64)) + (seq & 1) * 8
+        row = tl.load(verdicts_address_ptr).to(tl.pointer_type(tl.int64)) + (seq & 1) * 8
         tl.store(row + 1, verdict)
         tl.store(row + 2, step_mask)
         tl.store(row + 3, inputs_mask)
@@ -92,15 +93,15 @@ def judge(digests_ptr, digest_addresses_ptr, seq_ptr, WORLD_SIZE: tl.constexpr,
 
 
 @triton.jit
-def _seal_kernel(digest_addresses_ptr, seq_ptr, mine_ptr):
+def _seal_kernel(header_ptr, mine_ptr):
     words = tl.arange(0, 4)
-    tl.store(mine_ptr + words, load_digest(digest_addresses_ptr, seq_ptr))
+    tl.store(mine_ptr + words, load_digest(header_ptr))
 
 
 @triton.jit
-def _judge_kernel(digests_ptr, digest_addresses_ptr, seq_ptr, WORLD_SIZE: tl.constexpr,
+def _judge_kernel(digests_ptr, verdicts_address_ptr, seq_ptr, WORLD_SIZE: tl.constexpr,
                   WORLD_POW2: tl.constexpr):
-    judge(digests_ptr, digest_addresses_ptr, seq_ptr, WORLD_SIZE, WORLD_POW2)
+    judge(digests_ptr, verdicts_address_ptr, seq_ptr, WORLD_SIZE, WORLD_POW2)
 
 
 class DivergenceCheck:
@@ -109,18 +110,19 @@ class DivergenceCheck:
     `begin` runs on the step's host path (no device call, no buffer allocated); `check` reads the
     pinned verdict row of a step once it has finished."""
 
-    def __init__(self, rank: int, world_size: int, device: torch.device, seq: torch.Tensor,
+    def __init__(self, rank: int, world_size: int, device: torch.device, staging: Staging,
                  one_row: bool):
         pinned = device.type == "cuda"
         self.rank, self.world_size, self.device = rank, world_size, device
-        self.seq = seq  # the device's int64 step number of the running step (staging's meta)
+        self.staging = staging  # the step's staged inputs, whose header carries the digest
+        # The running step's staged header on the device: int64 [step, num_reqs | bitmask_on,
+        # inputs, slots]; its first word is the step number.
+        self.header = staging.header
         self._one_row = one_row  # then cu_num_logits is always 0..n: nothing to hash
-        self.rows = torch.zeros(2, DIGEST_WORDS, dtype=torch.int64, pin_memory=pinned)
         self.verdicts = torch.full((2, VERDICT_WORDS), -1, dtype=torch.int64, pin_memory=pinned)
-        self._rows = self.rows.numpy()
         self._verdicts = self.verdicts.numpy()
-        self.addresses = torch.tensor([self.rows.data_ptr(), self.verdicts.data_ptr()],
-                                      dtype=torch.int64).to(device)
+        # Where the kernels write a verdict: the pinned rows' address, on the device.
+        self.verdicts_address = torch.tensor([self.verdicts.data_ptr()], dtype=torch.int64).to(device)
         self.mine = torch.zeros(DIGEST_WORDS, dtype=torch.int64, device=device)
         self.gathered = torch.zeros(world_size * DIGEST_WORDS, dtype=torch.int64, device=device)
         self.reported = -1  # the last step whose divergence (or refusal) was raised
@@ -148,18 +150,13 @@ class DivergenceCheck:
 
     def seal(self, step: int, idx: np.ndarray, cu: np.ndarray, lens: np.ndarray, slots: int,
              flags: int) -> None:
-        """Write step `step`'s digest into its row (step - 2 has finished: the row is free)."""
+        """Write step `step`'s digest into its staging row (step - 2 has finished: the row is
+        free). Warm-up, capture and timing runs stage digests of 0 (`Staging.write_both`)."""
         try:
             h = digest_arrays(idx, cu, lens, self._one_row)
         except BufferError:  # a non-contiguous array on the exact-check path
             h = digest_arrays(*(np.ascontiguousarray(a) for a in (idx, cu, lens)), self._one_row)
-        row = self._rows[step & 1]
-        row[1] = h | flags
-        row[2] = slots
-
-    def seal_placeholder(self) -> None:
-        """The same digest in both rows on every rank: warm-up, capture and timing runs agree."""
-        self._rows[:] = 0
+        self.staging.write_digest(step, h | flags, slots)
 
     @staticmethod
     def flags(bitmask_on: bool, drafts: bool, refused: bool = False) -> int:
@@ -195,11 +192,11 @@ class DivergenceCheck:
     # -- the step's end, on padded transports (p2p does this inside its own kernels) ------------
     def seal_on_device(self) -> None:
         """This rank's digest into `mine`, for a collective to gather (graph-safe)."""
-        launch(_seal_kernel, (1,), self.addresses, self.seq, self.mine)
+        launch(_seal_kernel, (1,), self.header, self.mine)
 
     def judge_gathered(self) -> None:
         """Judge `gathered` (every rank's digest, rank order) and write the verdict (graph-safe)."""
-        launch(_judge_kernel, (1,), self.gathered, self.addresses, self.seq,
+        launch(_judge_kernel, (1,), self.gathered, self.verdicts_address, self.header,
                WORLD_SIZE=self.world_size, WORLD_POW2=triton.next_power_of_2(self.world_size))
 
 

@@ -159,7 +159,7 @@ class Engine:
         self.agreement = AgreementCheck(self.group, self.tp_rank, self.tp_size, self.device,
                                         cfg.timeout_s) if multi and cfg.check_agreement else None
         self.divergence = DivergenceCheck(self.tp_rank, self.tp_size, self.device,
-                                          self.inputs.staged.done_args()[1], self._one_row) \
+                                          self.inputs.staged, self._one_row) \
             if multi and cfg.divergence_check else None
         self._digest_slots = self.agreement is not None or self.divergence is not None
         if self.divergence is not None and hasattr(self.backend, "register_static_buffers"):
@@ -320,8 +320,6 @@ class Engine:
         """A valid batch for warm-up, capture and timing runs (balanced slots, one row each),
         staged as the last issued step, so the device's done word stays where it is."""
         idx = np.arange(n, dtype=np.int32)
-        if self.divergence is not None:
-            self.divergence.seal_placeholder()
         self.inputs.stage_placeholder(self.steps - 1, idx, np.arange(n + 1, dtype=np.int32),
                                       np.zeros(n, np.int32))
 

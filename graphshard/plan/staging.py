@@ -16,11 +16,12 @@ step that used it has finished, so at step k's fetch the rows hold k and k - 1 o
 and timing runs re-run an already fetched row: then no row is newer and the fetch takes the
 newest, which is the same batch in both rows.
 
-A host row (int32 words) is [step (int64) | num_reqs | bitmask_on | idx_mapping n |
-cu_num_logits n+1 | seq_lens n | unused], packed by the step's own n; the fetch reads its
-header, then only the 3n + 1 words the step uses, and spreads them into meta's fixed layout
-[header | idx_mapping N | cu_num_logits N+1 | seq_lens N] (N = max_num_reqs), which the step's
-kernels read. A row being rewritten while a step copies it is never the one that step takes.
+A host row (int32 words) is [step (int64) | num_reqs | bitmask_on | digest (two int64) |
+idx_mapping n | cu_num_logits n+1 | seq_lens n | unused], packed by the step's own n; the fetch
+reads its header, then only the 3n + 1 words the step uses, and spreads them into meta's fixed
+layout [header | idx_mapping N | cu_num_logits N+1 | seq_lens N] (N = max_num_reqs), which the
+step's kernels read. The digest words are the divergence check's (`graphshard.engine.divergence`:
+the step's inputs and slot-table digests), so its kernels read them from device memory too. A row being rewritten while a step copies it is never the one that step takes.
 Measured on an H200 (benchmarks/profile_kernels.py): a fetch kernel reading the rows from host
 memory itself took ~31-33 µs per step whatever it read (each dependent host read is a round trip).
 """
@@ -36,7 +37,7 @@ import triton.language as tl
 
 from graphshard.runtime.launch import launch
 
-HEADER = 4  # step (two words), num_reqs, bitmask_on
+HEADER = 8  # step (two words), num_reqs, bitmask_on, digest of the inputs and of the slots (two each)
 _HEADER = tl.constexpr(HEADER)
 _FETCH_BLOCK = 1024
 
@@ -70,10 +71,14 @@ def fetch_row(rows_ptr, meta_ptr, last_ptr, max_num_reqs, row_words64, first, st
     seq = tl.where(take_b, seq_b, seq_a)
     head = tl.where(take_b, head_b, head_a)
     n = (head & 0xFFFFFFFF).to(tl.int32)
-    words = rows_ptr + tl.where(take_b, 2 * row_words64, 0) + _HEADER
-    tl.store(meta_ptr.to(tl.pointer_type(tl.int64)), seq)
+    taken = tl.where(take_b, row_words64, 0)
+    words = rows_ptr + 2 * taken + _HEADER
+    meta64 = meta_ptr.to(tl.pointer_type(tl.int64))
+    tl.store(meta64, seq)
     tl.store(meta_ptr + 2, n)
     tl.store(meta_ptr + 3, (head >> 32).to(tl.int32))
+    tl.store(meta64 + 2, tl.load(heads + taken + 2))
+    tl.store(meta64 + 3, tl.load(heads + taken + 3))
     # The 3n + 1 words the step uses, packed [idx n | cu n+1 | lens n], spread into meta's
     # fixed layout [idx N | cu N+1 | lens N].
     used = 3 * n + 1
@@ -129,6 +134,8 @@ class Staging:
         self._last = torch.full((1,), -1, dtype=torch.int64, device=device)
         self._done_address = torch.tensor([self.done.data_ptr()], dtype=torch.int64).to(device)
         self._meta_seq = self.meta[:2].view(torch.int64)
+        # meta's header as int64 [step, num_reqs | bitmask_on << 32, inputs digest, slots digest].
+        self.header = self.meta[:HEADER].view(torch.int64)
         self.done_view = self.done.numpy()
         self._slices = (slice(HEADER, HEADER + n), slice(HEADER + n, HEADER + 2 * n + 1),
                         slice(HEADER + 2 * n + 1, HEADER + 3 * n + 1))
@@ -152,9 +159,20 @@ class Staging:
 
     def write_both(self, step: int, idx, cu, lens, bitmask_on: bool) -> None:
         """Stage one batch in both rows under one step number (warm-up, capture and timing runs
-        re-run it, whichever row they fetch). Nothing may be in flight."""
+        re-run it, whichever row they fetch), with digests of 0, the same on every rank. Nothing
+        may be in flight."""
         for r in (0, 1):
+            self._write_digest(r, 0, 0)
             self._write_row(r, step, idx, cu, lens, bitmask_on)
+
+    def write_digest(self, step: int, inputs: int, slots: int) -> None:
+        """Step `step`'s divergence digest into its row, before `write` (step - 2 finished)."""
+        self._write_digest(step & 1, inputs, slots)
+
+    def _write_digest(self, r: int, inputs: int, slots: int) -> None:
+        head = r * (self._row_bytes // 8)
+        self._words64[head + 2] = inputs
+        self._words64[head + 3] = slots
 
     def _write_row(self, r: int, step: int, idx, cu, lens, bitmask_on: bool) -> None:
         n = idx.shape[0]

@@ -198,8 +198,7 @@ def _push_rows_kernel(
     dst_ptrs_ptr,  # [T] int64: each rank's receive buffer [max_num_rows, T * VOCAB_SHARD]
     signal_ptrs_ptr,  # [T] int64: each rank's signal pad [channels, MAX_BLOCKS, T]
     status_ptr,  # [4] int32: fault status (see _record_fault)
-    digest_addresses_ptr,  # AGREE: graphshard.engine.divergence's addresses and the step number
-    seq_ptr,
+    header_ptr,  # AGREE: the step's staged header, int64 (graphshard.engine.divergence.load_digest)
     digest_ptrs_ptr,  # AGREE: [T] int64: each rank's digest buffer [T, DIGEST_WORDS] int64
     rank,
     timeout_ns,
@@ -221,9 +220,9 @@ def _push_rows_kernel(
                    MAX_BLOCKS, WORLD_SIZE, WORLD_POW2)
     if AGREE:
         # 32 bytes to every rank, landed by this kernel's end barrier. The last program has the
-        # least row work at small batches, so its read of the pinned digest hides behind the others.
+        # least row work at small batches.
         if pid == num_programs - 1:
-            _push_digest(digest_addresses_ptr, seq_ptr, digest_ptrs_ptr, rank, WORLD_SIZE)
+            _push_digest(header_ptr, digest_ptrs_ptr, rank, WORLD_SIZE)
 
     num_chunks = (VOCAB_SHARD + BLOCK - 1) // BLOCK
     peers = tl.arange(0, WORLD_POW2)
@@ -262,9 +261,9 @@ def _push_rows_kernel(
 
 
 @triton.jit
-def _push_digest(digest_addresses_ptr, seq_ptr, digest_ptrs_ptr, rank, WORLD_SIZE: tl.constexpr):
+def _push_digest(header_ptr, digest_ptrs_ptr, rank, WORLD_SIZE: tl.constexpr):
     words = tl.arange(0, DIGEST_SIZE)
-    digest = load_digest(digest_addresses_ptr, seq_ptr)
+    digest = load_digest(header_ptr)
     for peer in tl.static_range(WORLD_SIZE):
         dst = tl.load(digest_ptrs_ptr + peer).to(tl.pointer_type(tl.int64))
         tl.store(dst + rank * DIGEST_SIZE + words, digest)
@@ -284,7 +283,7 @@ def _push_records_kernel(
     done_seq_ptr,
     done_last_ptr,
     digests_ptr,  # AGREE: this rank's digest buffer [T, DIGEST_WORDS] int64, filled by the row push
-    digest_addresses_ptr,  # AGREE: graphshard.engine.divergence's addresses
+    verdicts_address_ptr,  # AGREE: graphshard.engine.divergence's verdict rows (their address)
     rank,
     timeout_ns,
     WIDTH: tl.constexpr,
@@ -327,7 +326,7 @@ def _push_records_kernel(
         # arrived there. A program that gave up leaves the verdict to the fault. The last
         # program has the fewest records to push at small batches.
         if ok & (pid == num_programs - 1):
-            judge(digests_ptr, digest_addresses_ptr, done_seq_ptr, WORLD_SIZE, WORLD_POW2)
+            judge(digests_ptr, verdicts_address_ptr, done_seq_ptr, WORLD_SIZE, WORLD_POW2)
     if ok:
         _sync(signal_ptrs_ptr, status_ptr, (CHANNEL + 1) * MAX_BLOCKS + pid, rank, timeout_ns,
               MAX_BLOCKS, WORLD_SIZE, WORLD_POW2)
@@ -577,8 +576,8 @@ class P2PTransport(Transport):
     # -- launchers --------------------------------------------------------------------------
     def _push_rows(self, logits_shard, send_rows, row_offsets, *, num_rows: int, all_rows: bool,
                    fenced: bool, agree=None):
-        digest_args = (agree.addresses, agree.seq, self._digest_ptrs) if agree is not None \
-            else (self._no_done,) * 3
+        digest_args = (agree.header, self._digest_ptrs) if agree is not None \
+            else (self._no_done,) * 2
         launch(_push_rows_kernel, (self.num_blocks,),
                logits_shard, logits_shard.stride(0), send_rows, row_offsets, num_rows,
                self._recv_ptrs, self._signal_ptrs, self._status, *digest_args, self.tp_rank,
@@ -595,7 +594,8 @@ class P2PTransport(Transport):
         if agree is not None and done is None:
             raise ValueError("the divergence check judges at the step's end: pass done too")
         done_args = done.done_args() if done is not None else (self._no_done,) * 3
-        agree_args = (self._digests, agree.addresses) if agree is not None else (self._no_done,) * 2
+        agree_args = (self._digests, agree.verdicts_address) if agree is not None \
+            else (self._no_done,) * 2
         launch(_push_records_kernel, (grid or self._record_blocks,),
                records, records.stride(0), local_num_reqs, local_req_indices,
                self._out_ptrs, self._signal_ptrs, self._status, self._arrivals, *done_args,
