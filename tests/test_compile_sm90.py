@@ -113,8 +113,9 @@ def _divergence_kernels(tmp: str) -> list[dict]:
                      FENCE_BEFORE=False, DONE=True, AGREE=True)
     i32 = "*i32"
     return [
-        _compile(_seal_kernel, args(_seal_kernel, {}), {}, 1, tmp),
-        _compile(_judge_kernel, args(_judge_kernel, world), world, 1, tmp),
+        _compile(_seal_kernel, args(_seal_kernel, {}, out_ptr=i32), {}, 1, tmp),
+        _compile(_judge_kernel, args(_judge_kernel, world, digests_ptr=i32, rank_stride="i32"),
+                 world, 1, tmp),
         _compile(_push_rows_kernel, args(
             _push_rows_kernel, rows_c, src_ptr="*fp32", src_row_stride="i32", send_rows_ptr=i32,
             row_offsets_ptr=i32, num_rows="i32", status_ptr=i32, rank="i32", timeout_ns="i64"),

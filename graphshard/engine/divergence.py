@@ -10,10 +10,11 @@ round trip over the host link). The device's digest is [step, inputs, slots, spa
   given, and "refused": this rank refused the batch for a slot that holds no request here);
 - slots: the XOR of per-slot hashes of (slot, params) that `add_request`/`remove_request`
   maintain (`graphshard.engine.agreement.SlotDigest`).
-The captured step exchanges the digests (p2p: pushed with the rows; nccl/gloo: one all-gather of
-32 bytes per rank at the step's end) and `judge` compares them with rank 0's. Every rank judges
-the same digests, so every rank reaches the same verdict; a step whose digests differ writes it
-into a pinned host row, which the host reads with one NumPy load once the step has finished.
+The captured step exchanges the digests (p2p: pushed with the rows; nccl/gloo: appended to the
+records of the step's record all-gather, or on their own in a replicate step) and `judge`
+compares them with rank 0's. Every rank judges the same digests, so every rank reaches the same
+verdict; a step whose digests differ writes it into a pinned host row, which the host reads
+with one NumPy load once the step has finished.
 Nothing syncs with the host and nothing branches on the host inside the step.
 """
 
@@ -31,6 +32,7 @@ from graphshard.plan.staging import Staging
 from graphshard.runtime.launch import launch
 
 DIGEST_WORDS = 4  # int64: step, inputs, slots, spare
+DIGEST_INT32 = 2 * DIGEST_WORDS  # the same digest in int32 words (as a record gather carries it)
 # int64: step, any, step mask, inputs mask, slots mask, refused mask, rank 0's step, spare
 VERDICT_WORDS = 8
 _BITMASK_ON, _DRAFTS, _REFUSED = 1 << 32, 1 << 33, 1 << 34
@@ -56,21 +58,31 @@ def _rank_mask(differ, ranks):
 
 
 @triton.jit
-def judge(digests_ptr, verdicts_address_ptr, seq_ptr, WORLD_SIZE: tl.constexpr,
+def _words(base, j, live):
+    """Word j of digests at int32 pointers `base`: an int64 stored as two little-endian int32."""
+    lo = tl.load(base + 2 * j, mask=live, other=0).to(tl.int64) & 0xFFFFFFFF
+    hi = tl.load(base + 2 * j + 1, mask=live, other=0).to(tl.int64)
+    return lo | (hi << 32)
+
+
+@triton.jit
+def judge(digests_ptr, rank_stride, verdicts_address_ptr, seq_ptr, WORLD_SIZE: tl.constexpr,
           WORLD_POW2: tl.constexpr):
-    """Compare every rank's digest (`digests_ptr` [WORLD_SIZE, DIGEST_WORDS] int64) with rank 0's;
-    on any difference write the verdict into the pinned row of this step's parity. Called by one
-    program, before the step's done word is written (by it, or by a program that synchronizes
-    with it)."""
+    """Compare every rank's digest with rank 0's; on any difference write the verdict into the
+    pinned row of this step's parity. Rank r's digest (DIGEST_WORDS int64) starts at int32 word
+    r * rank_stride of `digests_ptr`: a p2p digest buffer, or the rows a padded transport's
+    record gather carried. Called by one program, before the step's done word is written (by
+    it, or by a program that synchronizes with it)."""
+    words = digests_ptr.to(tl.pointer_type(tl.int32))
     ranks = tl.arange(0, WORLD_POW2)
     live = ranks < WORLD_SIZE
-    base = digests_ptr + ranks * 4
-    steps = tl.load(base, mask=live, other=0)
-    inputs = tl.load(base + 1, mask=live, other=0)
-    slots = tl.load(base + 2, mask=live, other=0)
-    step0 = tl.load(digests_ptr)
-    inputs0 = tl.load(digests_ptr + 1) & NOT_REFUSED
-    slots0 = tl.load(digests_ptr + 2)
+    base = words + ranks * rank_stride
+    steps = _words(base, 0, live)
+    inputs = _words(base, 1, live)
+    slots = _words(base, 2, live)
+    step0 = tl.sum(tl.where(ranks == 0, steps, 0), axis=0)
+    inputs0 = tl.sum(tl.where(ranks == 0, inputs, 0), axis=0) & NOT_REFUSED
+    slots0 = tl.sum(tl.where(ranks == 0, slots, 0), axis=0)
     step_mask = _rank_mask(live & (steps != step0), ranks)
     inputs_mask = _rank_mask(live & ((inputs & NOT_REFUSED) != inputs0), ranks)
     slots_mask = _rank_mask(live & (slots != slots0), ranks)
@@ -89,19 +101,24 @@ def judge(digests_ptr, verdicts_address_ptr, seq_ptr, WORLD_SIZE: tl.constexpr,
         # The verdict (host memory) is visible before anything this program does next, such as
         # the arrival that lets another program write the done word.
         tl.debug_barrier()
-        tl.atomic_add(digests_ptr + 3, 0, sem="release", scope="sys")
+        tl.atomic_add(words + 6, 0, sem="release", scope="sys")  # rank 0's spare word
 
 
-@triton.jit
-def _seal_kernel(header_ptr, mine_ptr):
+# Where a record gather carries the digests, their place depends on the step's capacity: one
+# compiled variant serves every capacity.
+@triton.jit(do_not_specialize_on_alignment=["out_ptr"])
+def _seal_kernel(header_ptr, out_ptr):
+    # [DIGEST_WORDS] int64 as little-endian int32 pairs: a record row need not be 8-byte aligned.
+    digest = load_digest(header_ptr)
     words = tl.arange(0, 4)
-    tl.store(mine_ptr + words, load_digest(header_ptr))
+    tl.store(out_ptr + 2 * words, (digest & 0xFFFFFFFF).to(tl.int32))
+    tl.store(out_ptr + 2 * words + 1, (digest >> 32).to(tl.int32))
 
 
-@triton.jit
-def _judge_kernel(digests_ptr, verdicts_address_ptr, seq_ptr, WORLD_SIZE: tl.constexpr,
-                  WORLD_POW2: tl.constexpr):
-    judge(digests_ptr, verdicts_address_ptr, seq_ptr, WORLD_SIZE, WORLD_POW2)
+@triton.jit(do_not_specialize=["rank_stride"], do_not_specialize_on_alignment=["digests_ptr"])
+def _judge_kernel(digests_ptr, rank_stride, verdicts_address_ptr, seq_ptr,
+                  WORLD_SIZE: tl.constexpr, WORLD_POW2: tl.constexpr):
+    judge(digests_ptr, rank_stride, verdicts_address_ptr, seq_ptr, WORLD_SIZE, WORLD_POW2)
 
 
 class DivergenceCheck:
@@ -122,9 +139,8 @@ class DivergenceCheck:
         self.verdicts = torch.full((2, VERDICT_WORDS), -1, dtype=torch.int64, pin_memory=pinned)
         self._verdicts = self.verdicts.numpy()
         # Where the kernels write a verdict: the pinned rows' address, on the device.
-        self.verdicts_address = torch.tensor([self.verdicts.data_ptr()], dtype=torch.int64).to(device)
-        self.mine = torch.zeros(DIGEST_WORDS, dtype=torch.int64, device=device)
-        self.gathered = torch.zeros(world_size * DIGEST_WORDS, dtype=torch.int64, device=device)
+        self.verdicts_address = torch.tensor([self.verdicts.data_ptr()],
+                                             dtype=torch.int64).to(device)
         self.reported = -1  # the last step whose divergence (or refusal) was raised
 
     # -- host path ----------------------------------------------------------------------------
@@ -190,13 +206,15 @@ class DivergenceCheck:
                 "results were discarded; every rank must make identical calls")
 
     # -- the step's end, on padded transports (p2p does this inside its own kernels) ------------
-    def seal_on_device(self) -> None:
-        """This rank's digest into `mine`, for a collective to gather (graph-safe)."""
-        launch(_seal_kernel, (1,), self.header, self.mine)
+    def seal_on_device(self, out: torch.Tensor) -> None:
+        """This rank's digest into `out` (int32, >= DIGEST_INT32 contiguous words), for the
+        step's gather to carry (graph-safe)."""
+        launch(_seal_kernel, (1,), self.header, out)
 
-    def judge_gathered(self) -> None:
-        """Judge `gathered` (every rank's digest, rank order) and write the verdict (graph-safe)."""
-        launch(_judge_kernel, (1,), self.gathered, self.verdicts_address, self.header,
+    def judge_gathered(self, gathered: torch.Tensor, rank_stride: int) -> None:
+        """Judge every rank's digest in `gathered` (int32; rank r's at word r * rank_stride) and
+        write the verdict (graph-safe)."""
+        launch(_judge_kernel, (1,), gathered, rank_stride, self.verdicts_address, self.header,
                WORLD_SIZE=self.world_size, WORLD_POW2=triton.next_power_of_2(self.world_size))
 
 

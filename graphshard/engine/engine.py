@@ -117,7 +117,6 @@ class Engine:
                                  bitmask_words=-(-self.vocab // 32), logits_dtype=self.dtype, device=dev,
                                  real_bitmask_words=-(-cfg.vocab_size // 32))
         self.plan_buffers = PlanBuffers.allocate(n, m, self.tp_size, dev)
-        self.local_records = torch.zeros(n, self.layout.width, dtype=torch.int32, device=dev)
         # One workspace serves every graph: steps run one after another on one stream.
         self.workspace = SamplerWorkspace.allocate(n, m, cfg.vocab_size, dev)
         self.sample = self._user_sampler or functools.partial(sample, workspace=self.workspace)
@@ -135,6 +134,11 @@ class Engine:
             self._tiers = {b: self.transport.capacity_tiers(b * m) for b in cfg.buckets}
         else:
             self.records = torch.zeros(n, self.layout.width, dtype=torch.int32, device=dev)
+        # Rows the checked record gather appends the divergence digest in (padded transports).
+        self._digest_rows = self.transport.digest_rows \
+            if self.transport is not None and cfg.divergence_check else 0
+        self.local_records = torch.zeros(n + self._digest_rows, self.layout.width,
+                                         dtype=torch.int32, device=dev)
         self.backend = make_backend(cfg.graph_backend, dev)
         if hasattr(self.backend, "register_static_buffers"):
             statics = {"meta": self.inputs.meta, "logits": self.inputs.logits,
@@ -162,10 +166,6 @@ class Engine:
                                           self.inputs.staged, self._one_row) \
             if multi and cfg.divergence_check else None
         self._digest_slots = self.agreement is not None or self.divergence is not None
-        if self.divergence is not None and hasattr(self.backend, "register_static_buffers"):
-            d = self.divergence
-            self.backend.register_static_buffers({"divergence.mine": d.mine,
-                                                  "divergence.gathered": d.gathered})
         reporter = self.faults.reporter
         self.rendezvous = Rendezvous(reporter.store, reporter.prefix, self.tp_rank, self.tp_size,
                                      cfg.timeout_s)
@@ -237,7 +237,8 @@ class Engine:
         agree = self.divergence
 
         def step():
-            fetch_and_plan(inp.staged, pb, tp_rank=self.tp_rank, gather_stride=cap_reqs,
+            fetch_and_plan(inp.staged, pb, tp_rank=self.tp_rank,
+                           gather_stride=cap_reqs + (self._digest_rows if agree is not None else 0),
                            max_num_logits_per_req=m, draft_token_ids=drafts)
             full = self.transport.exchange(pb, inp.logits, None, capacity, fenced=False,
                                            agree=agree)

@@ -21,7 +21,8 @@ idx_mapping n | cu_num_logits n+1 | seq_lens n | unused], packed by the step's o
 reads its header, then only the 3n + 1 words the step uses, and spreads them into meta's fixed
 layout [header | idx_mapping N | cu_num_logits N+1 | seq_lens N] (N = max_num_reqs), which the
 step's kernels read. The digest words are the divergence check's (`graphshard.engine.divergence`:
-the step's inputs and slot-table digests), so its kernels read them from device memory too. A row being rewritten while a step copies it is never the one that step takes.
+the step's inputs and slot-table digests), so its kernels read them from device memory too. A
+row being rewritten while a step copies it is never the one that step takes.
 Measured on an H200 (benchmarks/profile_kernels.py): a fetch kernel reading the rows from host
 memory itself took ~31-33 µs per step whatever it read (each dependent host read is a round trip).
 """
@@ -37,7 +38,7 @@ import triton.language as tl
 
 from graphshard.runtime.launch import launch
 
-HEADER = 8  # step (two words), num_reqs, bitmask_on, digest of the inputs and of the slots (two each)
+HEADER = 8  # step (2 words), num_reqs, bitmask_on, digests of the inputs and the slots (2 each)
 _HEADER = tl.constexpr(HEADER)
 _FETCH_BLOCK = 1024
 
@@ -154,7 +155,9 @@ class Staging:
 
     def write(self, step: int, idx: np.ndarray, cu: np.ndarray, lens: np.ndarray,
               bitmask_on: bool) -> None:
-        """Stage step `step` into its row. The caller has made sure step - 2 finished."""
+        """Stage step `step` into its row. The caller has made sure step - 2 finished and that
+        the arrays are int32 with n <= max_num_reqs (the engine's checks): the row takes their
+        bytes as they are."""
         self._write_row(step & 1, step, idx, cu, lens, bitmask_on)
 
     def write_both(self, step: int, idx, cu, lens, bitmask_on: bool) -> None:

@@ -14,9 +14,12 @@ that directly follows such a step end on every rank may pass `fenced=False`: the
 waited for every peer to finish reading what it was sent, so the p2p transport skips the push's
 start barrier. Transports that need no such barrier ignore `fenced`.
 
-`agree` (a `graphshard.divergence.DivergenceCheck`, or None) is the step's divergence check: the
+`agree` (a `graphshard.engine.divergence.DivergenceCheck`, or None) is the step's divergence check: the
 step's push (`exchange`, `all_gather_vocab`) and its end (`gather`, `close`) take the same one,
-and the transport exchanges every rank's digest and has it judged before raising `done`.
+and the transport exchanges every rank's digest and has it judged before raising `done`. A
+transport whose `gather` carries the digests in the records (`digest_rows` > 0) needs that many
+rows past `capacity_reqs` in `records`, and its gathered records then sit `capacity_reqs +
+digest_rows` rows apart per rank (the plan's `gather_stride`).
 """
 
 from __future__ import annotations
@@ -28,6 +31,7 @@ from datetime import timedelta
 import torch
 import torch.distributed as dist
 
+from graphshard.engine.divergence import DIGEST_INT32
 from graphshard.runtime.devices import resolve_device
 from graphshard.plan.layout import PlanBuffers
 
@@ -80,6 +84,7 @@ class Transport(ABC):
     """One TP group's logits exchange and record gather. Call `setup` once before any step."""
 
     name: str = "base"
+    digest_rows: int = 0  # record rows a checked `gather` carries the digest in (see above)
 
     def __init__(self, group: dist.ProcessGroup | None, device: torch.device | str, *,
                  timeout_s: float = 60.0):
@@ -117,6 +122,9 @@ class Transport(ABC):
         self.vocab = vocab_shard * self.tp_size
         self.logits_dtype = logits_dtype
         self.record_width = record_width
+        self._digest_send = torch.zeros(DIGEST_INT32, dtype=torch.int32, device=self.device)
+        self._digest_all = torch.zeros(self.tp_size * DIGEST_INT32, dtype=torch.int32,
+                                       device=self.device)
         self._allocate()
         self.is_setup = True
         return self
@@ -163,12 +171,13 @@ class Transport(ABC):
             done.signal_done()
 
     def agree(self, check) -> None:
-        """Exchange and judge the step's digests (graph-safe): one all-gather of 32 bytes per
-        rank. p2p pushes them with its rows instead."""
-        check.seal_on_device()
-        finish(all_gather_single(check.gathered, check.mine, group=self.group, async_op=True),
-               self.device, self._wait_timeout)
-        check.judge_gathered()
+        """Exchange and judge the step's digests in a step without a record gather (replicate;
+        graph-safe): one all-gather of 32 bytes per rank. A padded gather carries them with the
+        records; p2p pushes them with its rows."""
+        check.seal_on_device(self._digest_send)
+        finish(all_gather_single(self._digest_all, self._digest_send, group=self.group,
+                                 async_op=True), self.device, self._wait_timeout)
+        check.judge_gathered(self._digest_all, DIGEST_INT32)
 
     @abstractmethod
     def barrier(self) -> None: ...
@@ -222,14 +231,14 @@ class Transport(ABC):
             raise ValueError("out must have contiguous columns (stride(1) == 1)")
 
     def _check_records(self, records: torch.Tensor, out: torch.Tensor | None, capacity_reqs: int,
-                       num_out: int):
+                       num_out: int, extra_rows: int = 0):
         self._check_ready()
         if not 0 <= num_out <= self.max_num_reqs:
             raise ValueError(f"num_out must be in [0, max_num_reqs={self.max_num_reqs}], got {num_out}")
         if not 1 <= capacity_reqs <= self.max_num_reqs:
             raise ValueError(f"capacity_reqs must be in [1, max_num_reqs={self.max_num_reqs}], "
                              f"got {capacity_reqs}")
-        for name, t, rows in (("records", records, capacity_reqs), ("out", out, num_out)):
+        for name, t, rows in (("records", records, capacity_reqs + extra_rows), ("out", out, num_out)):
             if t is None:
                 continue
             if t.dtype != torch.int32 or t.device != self.device:

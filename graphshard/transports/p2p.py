@@ -47,9 +47,10 @@ transport is broken for good and `fault()` says why. Every decision a barrier br
 flag, the clock, the status word) is one value per program, so its warps never part ways on
 it (they meet at block-wide barriers inside the loop).
 
-Divergence check (`agree`, `graphshard.engine.divergence`). Program 0 of the step's row push stores
-this rank's 32-byte digest into every rank's digest slot before the push's end barrier; program 0
-of the kernel that ends the step judges the landed digests before that kernel's end barrier. No
+Divergence check (`agree`, `graphshard.engine.divergence`). The last program of the step's row
+push stores this rank's 32-byte digest (read from the staged header in device memory) into every
+rank's digest slot before the push's end barrier; the last program of the kernel that ends the
+step judges the landed digests before that kernel's end barrier. No
 peer pushes the next step's digest before this rank has arrived at that barrier, so one slot per
 rank suffices, and the verdict is written before the step's done word.
 
@@ -326,7 +327,8 @@ def _push_records_kernel(
         # arrived there. A program that gave up leaves the verdict to the fault. The last
         # program has the fewest records to push at small batches.
         if ok & (pid == num_programs - 1):
-            judge(digests_ptr, verdicts_address_ptr, done_seq_ptr, WORLD_SIZE, WORLD_POW2)
+            judge(digests_ptr, 2 * DIGEST_SIZE, verdicts_address_ptr, done_seq_ptr, WORLD_SIZE,
+                  WORLD_POW2)
     if ok:
         _sync(signal_ptrs_ptr, status_ptr, (CHANNEL + 1) * MAX_BLOCKS + pid, rank, timeout_ns,
               MAX_BLOCKS, WORLD_SIZE, WORLD_POW2)

@@ -14,6 +14,7 @@ from datetime import timedelta
 import torch
 import torch.distributed as dist
 
+from graphshard.engine.divergence import DIGEST_INT32
 from graphshard.plan.layout import PlanBuffers
 from graphshard.transports.base import Transport, all_gather_single, finish
 
@@ -35,11 +36,13 @@ class PaddedTransport(Transport):
         self._send = torch.zeros(t * r * vs, dtype=dt, device=dev)  # [T, capacity, vs] flat
         self._recv = torch.zeros(t * r * vs, dtype=dt, device=dev)  # [T, capacity, vs] flat
         self._rows_out = torch.zeros(r, t * vs, dtype=dt, device=dev)
-        self._records_stage = torch.zeros(self.max_num_reqs, self.record_width, dtype=torch.int32,
-                                          device=dev)
-        self._gathered = torch.zeros(t * self.max_num_reqs, self.record_width, dtype=torch.int32,
-                                     device=dev)
-        self._records_out = torch.zeros_like(self._records_stage)
+        # A checked gather appends the step's digest to each rank's records.
+        self.digest_rows = -(-DIGEST_INT32 // self.record_width)
+        reqs = self.max_num_reqs + self.digest_rows
+        self._records_stage = torch.zeros(reqs, self.record_width, dtype=torch.int32, device=dev)
+        self._gathered = torch.zeros(t * reqs, self.record_width, dtype=torch.int32, device=dev)
+        self._records_out = torch.zeros(self.max_num_reqs, self.record_width, dtype=torch.int32,
+                                        device=dev)
         self._flag = torch.zeros(1, dtype=torch.int32, device=dev)
         self._warm_up()
 
@@ -101,13 +104,18 @@ class PaddedTransport(Transport):
 
     def gather(self, plan: PlanBuffers, records: torch.Tensor, out: torch.Tensor | None,
                capacity_reqs: int, num_out: int, *, done=None, agree=None) -> torch.Tensor:
-        self._check_records(records, out, capacity_reqs, num_out)
+        digest_rows = self.digest_rows if agree is not None else 0
+        self._check_records(records, out, capacity_reqs, num_out, digest_rows)
         self._check_plan(plan)
-        if agree is not None:
-            self.agree(agree)
         out = self._records_out if out is None else out
-        gathered = self._gathered[:self.tp_size * capacity_reqs]
-        self._all_gather(gathered, self._contiguous_rows(records, capacity_reqs, self._records_stage))
+        rows = capacity_reqs + digest_rows
+        send = self._contiguous_rows(records, rows, self._records_stage)
+        if agree is not None:  # the digest rides in the records' all-gather
+            agree.seal_on_device(send[capacity_reqs:])
+        gathered = self._gathered[:self.tp_size * rows]
+        self._all_gather(gathered, send)
+        if agree is not None:
+            agree.judge_gathered(gathered[capacity_reqs:], rows * self.record_width)
         torch.index_select(gathered, 0, plan.gathered_src_indices[:num_out], out=out[:num_out])
         if done is not None:
             done.signal_done()

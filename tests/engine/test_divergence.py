@@ -108,11 +108,15 @@ def check_outcomes(r0, r1):
                                          "slot 5 holds no request; call add_request first")
 
 
+@pytest.mark.parametrize("strategy", ["shard", "replicate"])
 @pytest.mark.parametrize("transport", ["gloo", "p2p"])
-def test_every_divergence_raises_on_every_rank_and_no_wrong_token_passes(transport):
+def test_every_divergence_raises_on_every_rank_and_no_wrong_token_passes(transport, strategy):
+    """Shard steps judge the digests their record gather (gloo) or row push (p2p) carried;
+    replicate steps, which gather no records, in their closing exchange."""
     if transport == "p2p" and os.environ.get("TRITON_INTERPRET") != "1":
         pytest.skip("p2p kernels on CPU run under TRITON_INTERPRET=1")
-    check_outcomes(*spawn(diverging_run, 2, CFG.replace(transport=transport), timeout_s=300))
+    cfg = CFG.replace(transport=transport, strategy=strategy)
+    check_outcomes(*spawn(diverging_run, 2, cfg, timeout_s=300))
 
 
 def test_the_digest_sees_every_replicated_array():

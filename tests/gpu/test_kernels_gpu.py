@@ -58,7 +58,7 @@ def test_plan_kernel_equals_reference_and_compiles_once():
 
 
 def test_fused_fetch_and_plan_equals_reference_and_compiles_once():
-    """The shard step's first kernel: it reads the staged row from pinned host memory, stores it
+    """The shard step's first kernel: it reads the staged rows' device copy, stores it
     into meta, and plans from meta in the same program (a block barrier between the two)."""
     dev = torch.device("cuda", torch.cuda.current_device())
     rng = np.random.default_rng(1)
