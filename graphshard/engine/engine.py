@@ -238,7 +238,7 @@ class Engine:
 
         def step():
             fetch_and_plan(inp.staged, pb, tp_rank=self.tp_rank,
-                           gather_stride=cap_reqs + (self._digest_rows if agree is not None else 0),
+                           gather_stride=cap_reqs + self._digest_rows,
                            max_num_logits_per_req=m, draft_token_ids=drafts)
             full = self.transport.exchange(pb, inp.logits, None, capacity, fenced=False,
                                            agree=agree)

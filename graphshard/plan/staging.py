@@ -145,8 +145,8 @@ class Staging:
         # The rows as bytes and as int64 words: a step's write is one byte copy of its packed
         # words and two word stores (NumPy slice assignment costs ~3x more per array).
         self._bytes = memoryview(host).cast("B")
-        self._words64 = memoryview(host).cast("B").cast("q")
-        self._row_bytes = 4 * self.width
+        self._words64 = self._bytes.cast("q")
+        self._row_words64 = self.width // 2
         self._grid = (triton.cdiv(self.width, _FETCH_BLOCK),)
 
     def views(self) -> tuple[torch.Tensor, ...]:
@@ -173,16 +173,16 @@ class Staging:
         self._write_digest(step & 1, inputs, slots)
 
     def _write_digest(self, r: int, inputs: int, slots: int) -> None:
-        head = r * (self._row_bytes // 8)
+        head = r * self._row_words64
         self._words64[head + 2] = inputs
         self._words64[head + 3] = slots
 
     def _write_row(self, r: int, step: int, idx, cu, lens, bitmask_on: bool) -> None:
         n = idx.shape[0]
-        start = r * self._row_bytes + 4 * HEADER
+        head = r * self._row_words64
+        start = 8 * head + 4 * HEADER
         body = b"".join((idx.tobytes(), cu.tobytes(), lens.tobytes()))  # [idx n | cu n+1 | lens n]
         self._bytes[start:start + len(body)] = body
-        head = r * (self._row_bytes // 8)
         self._words64[head + 1] = n | (int(bitmask_on) << 32)
         self._words64[head] = step  # last, so a row's step number never names a half-written row
 
@@ -203,7 +203,7 @@ class Staging:
     def fetch_args(self) -> tuple:
         """What a fused first kernel passes to `fetch_row` after `pull`: (copies, meta, last,
         max_num_reqs, row_words64)."""
-        return self.copies, self.meta, self._last, self.max_num_reqs, self.width // 2
+        return self.copies, self.meta, self._last, self.max_num_reqs, self._row_words64
 
     def done_args(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """What a fused last kernel passes to `signal_done`: (the done word's address, meta's

@@ -45,12 +45,11 @@ Execution
 ---------
 The vocabulary is cut into chunks of CHUNK columns; every (row, chunk) pair is a program, so a
 single row spreads over many SMs. Two launches:
-1. `_scan_kernel`, grid `(max_num_reqs * M, SPLITS)` (twice when a device flag switches the
-   bitmask: with and without bitmask support, the flag picking which one works): each program
-   reads its chunk once for the
-   greedy argmax, the NaN flag, (random rows that may need it) the unfiltered Gumbel-max
-   winner and (top-p and logprob rows) the softmax sums, kept online per lane. Rows with
-   filters or logprobs then capture their candidates into the row's pool
+1. `_scan_kernel`, grid `(max_num_reqs * M, SPLITS)`, launched twice when a device flag switches
+   the bitmask (with and without bitmask support; the flag picks which one works). Each program
+   reads its chunk once for the greedy argmax, the NaN flag, (random rows that may need it)
+   the unfiltered Gumbel-max winner and (top-p and logprob rows) the softmax sums, kept online
+   per lane. Rows with filters or logprobs then capture their candidates into the row's pool
    (`graphshard.sample.candidates`): the chunk picks a cut, and only the lanes whose maximum
    reaches it are read again (from L2). Min-p-only rows cut at the row maximum published so
    far plus log(min_p) and need no floor search.

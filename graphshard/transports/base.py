@@ -14,10 +14,10 @@ that directly follows such a step end on every rank may pass `fenced=False`: the
 waited for every peer to finish reading what it was sent, so the p2p transport skips the push's
 start barrier. Transports that need no such barrier ignore `fenced`.
 
-`agree` (a `graphshard.engine.divergence.DivergenceCheck`, or None) is the step's divergence check: the
-step's push (`exchange`, `all_gather_vocab`) and its end (`gather`, `close`) take the same one,
-and the transport exchanges every rank's digest and has it judged before raising `done`. A
-transport whose `gather` carries the digests in the records (`digest_rows` > 0) needs that many
+`agree` (a `graphshard.engine.divergence.DivergenceCheck`, or None) is the step's divergence
+check: the step's push (`exchange`, `all_gather_vocab`) and its end (`gather`, `close`) take the
+same one, and the transport exchanges every rank's digest and has it judged before raising
+`done`. A transport whose `gather` carries the digests in the records (`digest_rows` > 0) needs that many
 rows past `capacity_reqs` in `records`, and its gathered records then sit `capacity_reqs +
 digest_rows` rows apart per rank (the plan's `gather_stride`).
 """
