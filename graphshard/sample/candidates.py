@@ -37,6 +37,10 @@ ID_BITS = tl.constexpr(0x7FFFFFFF)
 # Pools this short (a small top-k or logprobs list above a shared floor) sort in a quarter of
 # the time of a whole tile.
 SHORT_POOL = tl.constexpr(256)
+# The nucleus search (`search_mass`): pivots of its first pass, and the most entries between
+# two pivots it sorts (it uses that much of the pool's unused tail as scratch).
+PIVOTS = tl.constexpr(16)
+SORT_LIMIT = tl.constexpr(1024)
 
 
 @triton.jit
@@ -147,6 +151,98 @@ def search_pool(pool_x_ptr, pool_id_ptr, n_cand, inv_temp, max_score, low_score,
         digit = tl.maximum(tl.sum((acc >= target).to(tl.int32), axis=0) - 1, 0)
         prefix = prefix | (digit.to(tl.uint32) << shift)
     return key_to_float(prefix), total
+
+
+@triton.jit
+def search_mass(pool_x_ptr, pool_id_ptr, n_cand, inv_temp, max_score, low_score, below, target,
+                CAP: tl.constexpr, TILE: tl.constexpr, RADIX_BITS: tl.constexpr):
+    """The top-p threshold: `search_pool` by mass, for a caller that accepts only a threshold
+    above `below` (the best score an uncaptured token can have).
+
+    One pass weighs PIVOTS scores spread evenly over (max(below, low_score), max_score]: the
+    threshold lies between the last pivot whose mass above reaches `target` and the next one. A
+    second pass copies the pool entries of that interval behind the pool's live entries, and
+    a sort of them with the mass above the interval gives the threshold. Three passes and a
+    short sort in place of a radix search's eight passes; when the interval holds too many
+    entries (thousands of ties) or the pivots cannot be spread, the radix search decides."""
+    lo = tl.maximum(below, low_score)
+    spread = max_score - lo
+    # Returned when the threshold lies at or below `below`: the caller rejects it.
+    thr = tl.full((), float("-inf"), tl.float32)
+    radix = ~((lo > float("-inf")) & (spread >= 0.0) & (spread < float("inf")))
+    if ~radix:
+        at = tl.arange(0, PIVOTS)
+        pivots = lo + spread * (at.to(tl.float32) / PIVOTS)  # [PIVOTS], pivots[0] == lo
+        mass = tl.zeros([PIVOTS], tl.float32)
+        for t in range(0, CAP, TILE):
+            if t < n_cand:
+                s, w = _mass_tile(pool_x_ptr, pool_id_ptr, t, n_cand, inv_temp, max_score,
+                                  low_score, TILE)
+                mass += tl.sum(tl.where(s[None, :] >= pivots[:, None], w[None, :], 0.0), axis=1)
+        j = tl.sum((mass >= target).to(tl.int32), axis=0) - 1
+        if j >= 0:
+            a = tl.max(tl.where(at == j, pivots, float("-inf")), axis=0)
+            b = tl.min(tl.where(at == j + 1, pivots, float("inf")), axis=0)
+            carry = tl.sum(tl.where(at == j + 1, mass, 0.0), axis=0)  # the mass at or above b
+            # The interval's entries go to the pool's unused tail, as many as fit.
+            scratch = pool_x_ptr + n_cand
+            n_in = _copy_interval(pool_x_ptr, pool_id_ptr, n_cand, inv_temp, max_score,
+                                  low_score, a, b, scratch,
+                                  tl.minimum(CAP - n_cand, SORT_LIMIT), CAP, TILE)
+            fits = (n_in > 0) & (n_in <= tl.minimum(CAP - n_cand, SORT_LIMIT))
+            tl.debug_barrier()  # the copies came from other threads of this program
+            if fits & (n_in <= SHORT_POOL):
+                thr = _sorted_mass_threshold(scratch, n_in, carry, max_score, target, SHORT_POOL)
+            elif fits:
+                thr = _sorted_mass_threshold(scratch, n_in, carry, max_score, target, SORT_LIMIT)
+            radix = ~fits
+    if radix:
+        thr = search_pool(pool_x_ptr, pool_id_ptr, n_cand, inv_temp, max_score, low_score,
+                          target, True, CAP, TILE, RADIX_BITS)[0]
+    return thr
+
+
+@triton.jit
+def _mass_tile(pool_x_ptr, pool_id_ptr, t, n_cand, inv_temp, max_score, low_score,
+               TILE: tl.constexpr):
+    """(scores, weights exp(s - max_score)) of a pool tile; weight 0 where not counted."""
+    s, _, _, ok = load_pool(pool_x_ptr, pool_id_ptr, t, n_cand, inv_temp, TILE)
+    ok = ok & (s > float("-inf")) & (s >= low_score)
+    return s, tl.where(ok, tl.exp(s - max_score), 0.0)
+
+
+@triton.jit
+def _copy_interval(pool_x_ptr, pool_id_ptr, n_cand, inv_temp, max_score, low_score, a, b,
+                   scratch_ptr, room, CAP: tl.constexpr, TILE: tl.constexpr):
+    """Copy the counted scores in [a, b) to `scratch_ptr` (the first `room` of them); returns
+    how many there are."""
+    filled = tl.full((), 0, tl.int32)
+    for t in range(0, CAP, TILE):
+        if t < n_cand:
+            s, w = _mass_tile(pool_x_ptr, pool_id_ptr, t, n_cand, inv_temp, max_score,
+                              low_score, TILE)
+            take = (w > 0.0) & (s >= a) & (s < b)
+            pos = filled + tl.cumsum(take.to(tl.int32), axis=0) - 1
+            tl.store(scratch_ptr + pos, s.to(tl.int32, bitcast=True), mask=take & (pos < room))
+            filled += tl.sum(take.to(tl.int32), axis=0)
+    return filled
+
+
+@triton.jit
+def _sorted_mass_threshold(scratch_ptr, n, carry, max_score, target, N: tl.constexpr):
+    """The largest of `n` (<= N) scores at which `carry` plus the mass of the scores at or
+    above it reaches `target`; the smallest score when none does (the pivots' pass found the
+    interval's whole mass enough: only rounding disagrees)."""
+    i = tl.arange(0, N)
+    s = tl.load(scratch_ptr + i, mask=i < n, other=0).to(tl.float32, bitcast=True)
+    desc = tl.sort(tl.where(i < n, order_key(s), 0), descending=True)  # [N], empty (0) last
+    live = desc != 0
+    s_desc = tl.where(live, key_to_float(desc), float("-inf"))
+    reach = live & (carry + tl.cumsum(tl.where(live, tl.exp(s_desc - max_score), 0.0),
+                                      axis=0) >= target)
+    thr = tl.max(tl.where(reach, s_desc, float("-inf")), axis=0)
+    return tl.where(thr > float("-inf"), thr, tl.min(tl.where(live, s_desc, float("inf")),
+                                                        axis=0))
 
 
 @triton.jit

@@ -12,7 +12,7 @@ import triton.language as tl
 
 from graphshard.sample.rows import draw_filtered, load_masked, logprob_row
 from graphshard.sample.candidates import (SHORT_POOL, count_raw_above, draw_pool, floor_score,
-                                          mass_above, search_pool, sorted_thresholds, top_raw,
+                                          mass_above, search_mass, search_pool, sorted_thresholds, top_raw,
                                           unpack_top)
 from graphshard.sample.workspace import (P_ARG_X, P_ARG_Z, P_FLOOR_R, P_FLOOR_S, P_MAX_R,
                                           P_MAX_X, P_MAX_Z, P_NAN, P_SUM_R, P_SUM_S, STAT_COUNTS,
@@ -193,8 +193,8 @@ def searched_thresholds(pool_x, pool_id, n_cand, whole, all_in, below, norm, inv
             norm = mass_above(pool_x, pool_id, n_cand, inv_temp, max_s, thr, CAP, TILE)
     ok = k_ok
     if use_top_p & k_ok:
-        t_p = search_pool(pool_x, pool_id, n_cand, inv_temp, max_s, thr, top_p * norm, True,
-                          CAP, TILE, RADIX_BITS)[0]
+        t_p = search_mass(pool_x, pool_id, n_cand, inv_temp, max_s, thr, below, top_p * norm,
+                          CAP, TILE, RADIX_BITS)
         ok = t_p > below
         thr = tl.maximum(thr, t_p)
     return thr, k_ok, ok

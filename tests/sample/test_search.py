@@ -1,0 +1,135 @@
+"""The top-p threshold search over a candidate pool (`candidates.search_mass`) against a float64
+NumPy reference and against the radix search it replaces, on adversarial pools: ties by the
+thousand, a single finite entry, disallowed and -inf entries, huge and tiny temperatures, a top-k
+threshold below, floors anywhere, top-p from 1e-6 to 1 - 1e-6.
+
+Runs under the Triton interpreter on CPU (TRITON_INTERPRET=1) or compiled on a CUDA device.
+"""
+
+from __future__ import annotations
+
+import os
+
+import numpy as np
+import pytest
+import torch
+import triton
+import triton.language as tl
+from hypothesis import given, settings, strategies as st
+
+from graphshard.sample.candidates import DISALLOWED, search_mass, search_pool
+
+INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
+DEVICE = "cpu" if INTERPRET else "cuda"
+pytestmark = pytest.mark.skipif(not INTERPRET and not torch.cuda.is_available(),
+                                reason="needs TRITON_INTERPRET=1 or a CUDA device")
+CAP, TILE = 2048, 1024
+
+
+@triton.jit
+def _search_kernel(pool_ptr, n_ptr, args_ptr, out_ptr, CAP: tl.constexpr, TILE: tl.constexpr):
+    pool_x = pool_ptr
+    pool_id = pool_ptr + CAP
+    n = tl.load(n_ptr)
+    inv_temp = tl.load(args_ptr)
+    max_score = tl.load(args_ptr + 1)
+    low_score = tl.load(args_ptr + 2)
+    below = tl.load(args_ptr + 3)
+    target = tl.load(args_ptr + 4)
+    tl.store(out_ptr, search_mass(pool_x, pool_id, n, inv_temp, max_score, low_score, below,
+                                  target, CAP, TILE, 4))
+    tl.store(out_ptr + 1, search_pool(pool_x, pool_id, n, inv_temp, max_score, low_score, target,
+                                      True, CAP, TILE, 4)[0])
+
+
+def run_search(x, allowed, inv_temp, max_score, low_score, below, target):
+    n = len(x)
+    pool = np.zeros(2 * CAP, dtype=np.int32)
+    pool[:n] = x.astype(np.float32).view(np.int32)
+    pool[n:CAP] = 0x7F7FFFFF  # garbage past the live entries: never read as a candidate
+    ids = np.arange(n, dtype=np.int64)
+    pool[CAP:CAP + n] = np.where(allowed, ids, ids | int(DISALLOWED.value)).astype(np.int32)
+    args = torch.tensor([inv_temp, max_score, low_score, below, target], dtype=torch.float32)
+    out = torch.empty(2, dtype=torch.float32, device=DEVICE)
+    _search_kernel[(1,)](torch.from_numpy(pool).to(DEVICE), torch.tensor([n], dtype=torch.int32,
+                         device=DEVICE), args.to(DEVICE), out, CAP=CAP, TILE=TILE, num_warps=8)
+    return out.cpu().numpy()
+
+
+def reference(s, counted, max_score, target):
+    """(largest score T with sum exp(s - max_score) over counted s >= T reaching target, the
+    float64 mass at or above every distinct counted score, descending)."""
+    vals = np.unique(s[counted].astype(np.float64))[::-1]
+    w = np.exp(s[counted].astype(np.float64) - max_score)
+    above = np.array([w[s[counted] >= v].sum() for v in vals])
+    reach = above >= target
+    return (vals[reach].max() if reach.any() else -np.inf), vals, above
+
+
+POOL_KINDS = ["normal", "ties", "wide", "single", "few_values", "masked"]
+
+
+def make_pool(rs, kind, n):
+    x = (rs.standard_normal(n) * 3).astype(np.float32)
+    allowed = np.ones(n, dtype=bool)
+    if kind == "ties":
+        x[rs.choice(n, n // 2, replace=False)] = np.float32(rs.normal())
+    elif kind == "wide":
+        x = (rs.standard_normal(n) * 40).astype(np.float32)
+    elif kind == "single":
+        x[:] = -np.inf
+        x[rs.integers(0, n)] = np.float32(rs.normal())
+    elif kind == "few_values":
+        x = rs.choice(np.float32([-1.0, 0.5, 2.0]), n)
+    elif kind == "masked":
+        allowed = rs.random(n) < 0.5
+        x[rs.random(n) < 0.1] = -np.inf
+    return x, allowed
+
+
+@settings(max_examples=40, deadline=None)
+@given(seed=st.integers(0, 2**32 - 1), kind=st.sampled_from(POOL_KINDS),
+       n=st.sampled_from([1, 2, 300, 1000, 1100, 2048]),
+       temperature=st.sampled_from([1e-30, 0.3, 0.8, 1.0, 7.0, 1e30]),
+       top_p=st.sampled_from([1e-6, 0.3, 0.9, 1 - 1e-6]),
+       floor=st.sampled_from(["none", "low", "mid", "high"]), top_k=st.booleans(),
+       outside=st.sampled_from([0.0, 0.5]))
+def test_search_mass_matches_reference(seed, kind, n, temperature, top_p, floor, top_k, outside):
+    rs = np.random.default_rng(seed)
+    x, allowed = make_pool(rs, kind, n)
+    inv_temp = np.float32(1.0 / temperature)
+    s = x * inv_temp  # fp32, as the kernel computes it
+    finite = np.isfinite(s) & allowed
+    if not finite.any():
+        return  # the caller never searches a row without a finite allowed score
+    max_score = s[finite].max()
+    if not np.isfinite(max_score):
+        return  # the caller settles rows with infinite scores by whole-row passes
+    ranked = np.sort(s[finite])[::-1]
+    low = np.float32(ranked[min(len(ranked) - 1, int(rs.integers(0, 60)))]) if top_k \
+        else np.float32(-np.inf)
+    below = {"none": -np.inf, "low": ranked[-1] - 1.0, "mid": ranked[len(ranked) // 2],
+             "high": ranked[0]}[floor]
+    below = np.float32(below)
+    counted = finite & (s >= low)
+    pool_mass = np.exp(s[counted].astype(np.float64) - max_score).sum()
+    # The norm also holds the mass of tokens never captured (without a top-k; with a floor: a
+    # floor of -inf says every token was captured).
+    norm = pool_mass * (1.0 + outside if not top_k and floor != "none" else 1.0)
+    target = np.float32(top_p * norm)
+    got, radix = run_search(x, allowed, inv_temp, max_score, low, below, target)
+    want, vals, above = reference(s, counted, max_score, float(target))
+    # Scores whose mass at or above lies within fp32 summation error of the target are
+    # ambiguous: either answer is right.
+    tol = 1e-5 * max(pool_mass, 1.0)
+    near = vals[np.abs(above - float(target)) <= tol]
+
+    def agrees(t):
+        return t == want or t in near or (len(near) and want in near and t >= near.min())
+
+    if want > below:
+        assert agrees(got), (got, want, near)
+        assert agrees(radix), (radix, want, near)
+    else:
+        # Not an answer the caller can accept: it must come back at or below the floor.
+        assert got <= below or agrees(got), (got, want, below)
