@@ -47,8 +47,8 @@ The vocabulary is cut into chunks of CHUNK columns; every (row, chunk) pair is a
 single row spreads over many SMs. Two launches:
 1. `_scan_kernel`, grid `(max_num_reqs * M, SPLITS)`, launched twice when a device flag switches
    the bitmask (with and without bitmask support; the flag picks which one works). Each program
-   reads its chunk once for the greedy argmax, the NaN flag, (random rows that may need it)
-   the unfiltered Gumbel-max winner and (top-p and logprob rows) the softmax sums, kept online
+   reads its chunk once for the greedy argmax, the NaN flag, (unfiltered random rows) the
+   Gumbel-max winner and (top-p and logprob rows) the softmax sums, kept online
    per lane. Rows with filters or logprobs then capture their candidates into the row's pool
    (`graphshard.sample.candidates`): the chunk picks a cut, and only the lanes whose maximum
    reaches it are read again (from L2). Min-p-only rows cut at the row maximum published so
@@ -201,8 +201,10 @@ def _scan_kernel(
         (inv_temp, top_k, top_p, min_p, seed_lo, seed_hi, num_logprobs, is_random,
          filtered) = _slot_params(slots_ptr, slot, VOCAB, K)
         small_k = filtered & (top_k > 0) & (top_k <= TOP)
-        # The unfiltered winner: the draw of an unfiltered row, the candidate of a filtered one.
-        draw = is_random & ~small_k
+        # The unfiltered winner is the draw of an unfiltered row. A filtered row draws from its
+        # pool, and its stream skips the per-token RNG (the finish computes the unfiltered
+        # winner itself on the rare rows the pool cannot settle).
+        draw = is_random & ~filtered
         # Capture targets per chunk: k for a small top-k, TOP for other filters and for the
         # rank of a random token; the top-K logprobs otherwise.
         need_s = tl.where(filtered, tl.where(small_k, top_k, TOP), 0)

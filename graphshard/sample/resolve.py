@@ -10,7 +10,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from graphshard.sample.rows import draw_filtered, load_masked, logprob_row
+from graphshard.sample.rows import draw_filtered, load_masked, logprob_row, scan_chunk
 from graphshard.sample.candidates import (SHORT_POOL, count_raw_above, draw_pool, floor_score,
                                           mass_above, search_mass, search_pool, sorted_thresholds, top_raw,
                                           unpack_top)
@@ -122,9 +122,14 @@ def settle_token(part, n_pool, pool_x, pool_id, stats, row_ptr, mask_row_ptr, ma
                                                      VOCAB, CAP, TILE, RADIX_BITS)
             whole_row = ~drawn
             if whole_row & ~small_k:
-                # The unfiltered winner (computed for these rows) is the answer exactly when it
-                # survives the filters: fewer than k tokens and less than top_p of the mass lie
-                # above it (the norm must not hang on an unsettled top-k), and min-p keeps it.
+                # The unfiltered winner is the answer exactly when it survives the filters:
+                # fewer than k tokens and less than top_p of the mass lie above it (the norm
+                # must not hang on an unsettled top-k), and min-p keeps it. The chunks' streams
+                # left it out (filtered rows skip the RNG there): one pass finds it here.
+                w0 = scan_chunk(row_ptr, mask_row_ptr, mask_on, 0, VOCAB, VOCAB, inv_temp, key,
+                                tl.full((), 0, tl.uint32), float("-inf"), True, False,
+                                SMALL_BLOCK, HAS_BITMASK)[4]
+                token = w0
                 v_s = tl.load(row_ptr + _token_index(w0, VOCAB)).to(tl.float32) * inv_temp
                 if ((min_p <= 0.0) | (v_s >= t_m)) & (k_ok | (top_p >= 1.0)):
                     above, mass, _r = count_row(row_ptr, mask_row_ptr, mask_on, VOCAB, inv_temp,
