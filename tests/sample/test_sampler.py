@@ -903,3 +903,18 @@ def test_every_path_settles_rows_exactly():
                 for i in range(4)]
     paths = run_adversarial(b, pool_size=16)
     assert paths["draw_fallback"] == 4 and paths["logprobs_fallback"] == 4
+
+
+def test_top_p_pivot_search_settles_large_pools():
+    """Pools larger than a sort tile with room behind them: the top-p threshold comes from the
+    pivot pass and the sorted interval (`candidates.search_mass`), alone and after a top-k above
+    the pool's small bound, and equals the reference with no row off the candidate path."""
+    rs = np.random.default_rng(31)
+    vocab, padded = 16000, 16384
+    b = adversarial_batch(rs, ["flat"] * 4, vocab, padded)
+    b.params = [SamplingParams(temperature=0.8, top_p=0.9, seed=1),
+                SamplingParams(temperature=0.8, top_p=0.5, seed=2, num_logprobs=2),
+                SamplingParams(temperature=1.3, top_k=400, top_p=0.8, seed=3),
+                SamplingParams(temperature=0.5, top_p=0.95, seed=4)]
+    paths = run_adversarial(b, vocab=vocab, chunk=2048, block=1024)
+    assert paths == {"draw_fallback": 0, "logprobs_fallback": 0, "counted": 0}
