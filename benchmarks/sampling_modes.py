@@ -31,6 +31,9 @@ MODES: dict[str, SamplingParams] = {
     "logprobs_20": SamplingParams(temperature=0.0, num_logprobs=20),
     "top_k_top_p_logprobs_5": SamplingParams(temperature=TEMPERATURE, top_k=50, top_p=0.9, seed=6,
                                              num_logprobs=5),
+    # Random draws with logprobs and no filter: the sampled token's rank keeps 256 candidates
+    # a chunk, and the top-K list comes from a pool of thousands.
+    "temperature_logprobs_5": SamplingParams(temperature=TEMPERATURE, seed=7, num_logprobs=5),
 }
 SHAPES = ((152064, torch.float32), (128256, torch.bfloat16), (32000, torch.bfloat16))
 BATCHES = (1, 8, 32, 256, 1024)
