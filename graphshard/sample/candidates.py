@@ -186,10 +186,10 @@ def search_mass(pool_x_ptr, pool_id_ptr, n_cand, inv_temp, max_score, low_score,
             carry = tl.sum(tl.where(at == j + 1, mass, 0.0), axis=0)  # the mass at or above b
             # The interval's entries go to the pool's unused tail, as many as fit.
             scratch = pool_x_ptr + n_cand
+            room = tl.minimum(CAP - n_cand, SORT_LIMIT)
             n_in = _copy_interval(pool_x_ptr, pool_id_ptr, n_cand, inv_temp, max_score,
-                                  low_score, a, b, scratch,
-                                  tl.minimum(CAP - n_cand, SORT_LIMIT), CAP, TILE)
-            fits = (n_in > 0) & (n_in <= tl.minimum(CAP - n_cand, SORT_LIMIT))
+                                  low_score, a, b, scratch, room, CAP, TILE)
+            fits = (n_in > 0) & (n_in <= room)
             tl.debug_barrier()  # the copies came from other threads of this program
             if fits & (n_in <= SHORT_POOL):
                 thr = _sorted_mass_threshold(scratch, n_in, carry, max_score, target, SHORT_POOL)
@@ -252,9 +252,8 @@ def mass_above(pool_x_ptr, pool_id_ptr, n_cand, inv_temp, max_score, low_score,
     acc = tl.zeros([TILE], tl.float32)
     for t in range(0, CAP, TILE):
         if t < n_cand:
-            s, _, _, ok = load_pool(pool_x_ptr, pool_id_ptr, t, n_cand, inv_temp, TILE)
-            ok = ok & (s > float("-inf")) & (s >= low_score)
-            acc += tl.where(ok, tl.exp(s - max_score), 0.0)
+            acc += _mass_tile(pool_x_ptr, pool_id_ptr, t, n_cand, inv_temp, max_score,
+                              low_score, TILE)[1]
     return tl.sum(acc, axis=0)
 
 

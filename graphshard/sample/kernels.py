@@ -77,7 +77,7 @@ from graphshard.runtime.launch import check_int32_vector, launch
 from graphshard.sample.params import SLOT_WIDTH, SlotTables
 from graphshard.sample.records import RecordLayout
 from graphshard.sample.resolve import load_part, settle_logprobs, settle_token, store_logprobs
-from graphshard.sample.rows import load_masked, scan_chunk, second_tile, uses_filters
+from graphshard.sample.rows import load_masked, scan_span, second_tile, uses_filters
 from graphshard.sample.candidates import capture, chunk_floor, fold_lanes, share_floor
 from graphshard.sample.workspace import (CHUNK_TOP, MAX_LOGPROBS, P_ARG_X, P_ARG_Z, P_FLOOR_R, P_FLOOR_S,
                                           P_MAX_R, P_MAX_X, P_MAX_Z, P_NAN, P_SUM_R, P_SUM_S,
@@ -220,16 +220,16 @@ def _scan_kernel(
         # Four copies of the pass, so that greedy and unfiltered rows pay for nothing they skip.
         if draw:
             if sums:
-                scan = _scan(row_ptr, mask_row_ptr, mask_on, lo, inv_temp, key, True, True,
+                scan = scan_span(row_ptr, mask_row_ptr, mask_on, lo, inv_temp, key, True, True,
                              CHUNK, VOCAB, BLOCK, HAS_BITMASK)
             else:
-                scan = _scan(row_ptr, mask_row_ptr, mask_on, lo, inv_temp, key, True, False,
+                scan = scan_span(row_ptr, mask_row_ptr, mask_on, lo, inv_temp, key, True, False,
                              CHUNK, VOCAB, BLOCK, HAS_BITMASK)
         elif sums:
-            scan = _scan(row_ptr, mask_row_ptr, mask_on, lo, inv_temp, key, False, True, CHUNK,
+            scan = scan_span(row_ptr, mask_row_ptr, mask_on, lo, inv_temp, key, False, True, CHUNK,
                          VOCAB, BLOCK, HAS_BITMASK)
         else:
-            scan = _scan(row_ptr, mask_row_ptr, mask_on, lo, inv_temp, key, False, False, CHUNK,
+            scan = scan_span(row_ptr, mask_row_ptr, mask_on, lo, inv_temp, key, False, False, CHUNK,
                          VOCAB, BLOCK, HAS_BITMASK)
         nan, max_x, arg_x, max_z, arg_z, lane_x, lane_r, sum_s, sum_r = scan
         max_r = tl.max(lane_r, axis=0)
@@ -285,15 +285,6 @@ def _scan_kernel(
         tl.store(out + P_MAX_R * SPLITS, max_r.to(tl.int32, bitcast=True))
         tl.store(out + P_SUM_R * SPLITS, sum_r.to(tl.int32, bitcast=True))
         tl.store(out + P_SUM_S * SPLITS, sum_s.to(tl.int32, bitcast=True))
-
-
-@triton.jit
-def _scan(row_ptr, mask_row_ptr, mask_on, lo, inv_temp, key, DRAW: tl.constexpr,
-          SUMS: tl.constexpr, CHUNK: tl.constexpr, VOCAB: tl.constexpr, BLOCK: tl.constexpr,
-          HAS_BITMASK: tl.constexpr):
-    """The chunk's streaming pass (`scan_chunk` over the whole chunk, no thresholds)."""
-    return scan_chunk(row_ptr, mask_row_ptr, mask_on, lo, CHUNK, VOCAB, inv_temp, key,
-                      tl.full((), 0, tl.uint32), float("-inf"), DRAW, SUMS, BLOCK, HAS_BITMASK)
 
 
 @triton.jit

@@ -10,10 +10,10 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from graphshard.sample.rows import draw_filtered, load_masked, logprob_row, scan_chunk
+from graphshard.sample.rows import draw_filtered, load_masked, logprob_row, scan_span
 from graphshard.sample.candidates import (SHORT_POOL, count_raw_above, draw_pool, floor_score,
-                                          mass_above, search_mass, search_pool, sorted_thresholds, top_raw,
-                                          unpack_top)
+                                          mass_above, search_mass, search_pool, sorted_thresholds,
+                                          top_raw, unpack_top)
 from graphshard.sample.workspace import (P_ARG_X, P_ARG_Z, P_FLOOR_R, P_FLOOR_S, P_MAX_R,
                                           P_MAX_X, P_MAX_Z, P_NAN, P_SUM_R, P_SUM_S, STAT_COUNTS,
                                           STAT_DRAWS, STAT_LOGPROBS)
@@ -103,9 +103,9 @@ def settle_token(part, n_pool, pool_x, pool_id, stats, row_ptr, mask_row_ptr, ma
     """The row's token: greedy argmax, unfiltered Gumbel winner, or the filtered draw."""
     max_x, token = combine_max(part, P_MAX_X, P_ARG_X, SPLITS, SPLITS_P)
     if is_random:
-        # Without a finite score every chunk reports (-inf, 0): the winner is token 0.
-        w0 = combine_max(part, P_MAX_Z, P_ARG_Z, SPLITS, SPLITS_P)[1]
-        token = w0
+        # An unfiltered row's winner. Without a finite score every chunk reports (-inf, 0):
+        # the winner is token 0.
+        token = combine_max(part, P_MAX_Z, P_ARG_Z, SPLITS, SPLITS_P)[1]
         max_s = max_x * inv_temp
         if SPLITS == 1:
             # A one-chunk vocabulary is one program's work whatever the path: no pool.
@@ -117,7 +117,7 @@ def settle_token(part, n_pool, pool_x, pool_id, stats, row_ptr, mask_row_ptr, ma
             floor_x = tl.max(load_part(part, P_FLOOR_S, SPLITS, SPLITS_P, float("-inf"), True),
                              axis=0)
             norm = softmax_mass(part, P_MAX_X, P_SUM_S, max_s, inv_temp, SPLITS, SPLITS_P)
-            drawn, token, t_m, k_ok = draw_from_pool(pool_x, pool_id, n_pool, floor_x, norm, w0,
+            drawn, token, t_m, k_ok = draw_from_pool(pool_x, pool_id, n_pool, floor_x, norm,
                                                      key, inv_temp, max_s, top_k, top_p, min_p,
                                                      VOCAB, CAP, TILE, RADIX_BITS)
             whole_row = ~drawn
@@ -126,9 +126,8 @@ def settle_token(part, n_pool, pool_x, pool_id, stats, row_ptr, mask_row_ptr, ma
                 # fewer than k tokens and less than top_p of the mass lie above it (the norm
                 # must not hang on an unsettled top-k), and min-p keeps it. The chunks' streams
                 # left it out (filtered rows skip the RNG there): one pass finds it here.
-                w0 = scan_chunk(row_ptr, mask_row_ptr, mask_on, 0, VOCAB, VOCAB, inv_temp, key,
-                                tl.full((), 0, tl.uint32), float("-inf"), True, False,
-                                SMALL_BLOCK, HAS_BITMASK)[4]
+                w0 = scan_span(row_ptr, mask_row_ptr, mask_on, 0, inv_temp, key, True, False,
+                               VOCAB, VOCAB, SMALL_BLOCK, HAS_BITMASK)[4]
                 token = w0
                 v_s = tl.load(row_ptr + _token_index(w0, VOCAB)).to(tl.float32) * inv_temp
                 if ((min_p <= 0.0) | (v_s >= t_m)) & (k_ok | (top_p >= 1.0)):
@@ -147,11 +146,11 @@ def settle_token(part, n_pool, pool_x, pool_id, stats, row_ptr, mask_row_ptr, ma
 
 
 @triton.jit
-def draw_from_pool(pool_x, pool_id, n_pool, floor_x, norm, w0, key, inv_temp, max_s, top_k,
+def draw_from_pool(pool_x, pool_id, n_pool, floor_x, norm, key, inv_temp, max_s, top_k,
                    top_p, min_p, VOCAB: tl.constexpr, CAP: tl.constexpr, TILE: tl.constexpr,
                    RADIX_BITS: tl.constexpr):
-    """Filtered Gumbel-max draw from the pool when every kept token is in it -> (drawn, token,
-    min-p threshold, top-k settled). `floor_x` is the largest chunk floor, `norm` the row's
+    """Filtered Gumbel-max draw from the pool when every kept token is in it -> (drawn, token
+    (0 when not drawn), min-p threshold, top-k settled). `floor_x` is the largest chunk floor, `norm` the row's
     total mass exp(s - max_s) (the top-p norm without top-k). A pool that fits one tile is
     sorted once; a larger one is searched a digit per pass."""
     n_cand = tl.maximum(tl.minimum(n_pool, CAP), 0)
@@ -171,7 +170,7 @@ def draw_from_pool(pool_x, pool_id, n_pool, floor_x, norm, w0, key, inv_temp, ma
     t_m = max_s + tl.log(tl.where(min_p > 0.0, min_p, 1.0))
     thr = tl.where(min_p > 0.0, tl.maximum(thr, t_m), thr)
     ok = ok & whole & ((thr > below) | all_in)
-    token = w0
+    token = tl.full((), 0, tl.int32)
     if ok:
         token = draw_pool(pool_x, pool_id, n_cand, inv_temp, thr, key, CAP, TILE)[1]
     return ok, token, t_m, k_ok

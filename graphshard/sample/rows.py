@@ -111,6 +111,16 @@ def scan_chunk(row_ptr, mask_row_ptr, mask_on, lo, SPAN: tl.constexpr, VOCAB: tl
 
 
 @triton.jit
+def scan_span(row_ptr, mask_row_ptr, mask_on, lo, inv_temp, key, DRAW: tl.constexpr,
+              SUMS: tl.constexpr, SPAN: tl.constexpr, VOCAB: tl.constexpr, BLOCK: tl.constexpr,
+              HAS_BITMASK: tl.constexpr):
+    """`scan_chunk` over columns [lo, lo + SPAN) with no thresholds: a chunk's streaming pass,
+    or with SPAN = VOCAB the whole row's."""
+    return scan_chunk(row_ptr, mask_row_ptr, mask_on, lo, SPAN, VOCAB, inv_temp, key,
+                      tl.full((), 0, tl.uint32), float("-inf"), DRAW, SUMS, BLOCK, HAS_BITMASK)
+
+
+@triton.jit
 def second_tile(offs_a, SPAN: tl.constexpr, VOCAB: tl.constexpr, BLOCK: tl.constexpr):
     """Columns of the second tile of a two-tile step; past the row (nothing read) when the
     span is a single tile, which would otherwise read the next chunk."""
