@@ -77,7 +77,7 @@ from graphshard.runtime.launch import check_int32_vector, launch
 from graphshard.sample.params import SLOT_WIDTH, SlotTables
 from graphshard.sample.records import RecordLayout
 from graphshard.sample.resolve import load_part, settle_logprobs, settle_token, store_logprobs
-from graphshard.sample.rows import load_masked, scan_span, second_tile, uses_filters
+from graphshard.sample.rows import key_to_float, load_masked, nth_tile, scan_span, uses_filters
 from graphshard.sample.candidates import capture, chunk_floor, fold_lanes, share_floor
 from graphshard.sample.workspace import (CHUNK_TOP, MAX_LOGPROBS, P_ARG_X, P_ARG_Z, P_FLOOR_R, P_FLOOR_S,
                                           P_MAX_R, P_MAX_X, P_MAX_Z, P_NAN, P_SUM_R, P_SUM_S,
@@ -91,9 +91,12 @@ LOGITS_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 # max` it keeps the product's rounding error, which at a temperature of 1e-30 is ~1e24.
 NO_FMA = dict(enable_fp_fusion=False)
 MAX_BLOCK_SIZE = 2048
-# Tile of the split scan: 1024 columns over 8 warps keep its per-lane state in ~74 registers
-# (three programs per SM); 2048 needed ~150.
+# Tile of the split scan: 1024 columns over 8 warps keep its per-lane state within 64 registers
+# (four programs per SM); 2048 needed ~150.
 SCAN_BLOCK_SIZE = 1024
+# Registers per thread of the scan without bitmask support: 64 * 256 threads fit four programs
+# per SM (`scan_options`).
+LEAN_SCAN_REGISTERS = 64
 # Tile of the whole-row paths: their wider per-token state would cost registers.
 SMALL_BLOCK_SIZE = 512
 POOL_TILE = 1024
@@ -254,24 +257,28 @@ def _scan_kernel(
             if HAS_BITMASK:
                 separate = mask_on
             if separate:
-                floor_s = tl.where(need_s > 0, _lane_floor(lane_x, need_s, BLOCK, LANES,
-                                                           SMALL_LANES, FLOOR_PASSES,
+                no_low = tl.full((), float("nan"), tl.float32)
+                floor_s = tl.where(need_s > 0, _lane_floor(lane_x, need_s, no_low, max_x, BLOCK,
+                                                           LANES, SMALL_LANES, FLOOR_PASSES,
                                                            RADIX_BITS), float("inf"))
-                floor_r = tl.where(need_r > 0, _lane_floor(lane_r, need_r, BLOCK, LANES,
-                                                           SMALL_LANES, FLOOR_PASSES,
+                floor_r = tl.where(need_r > 0, _lane_floor(lane_r, need_r, no_low, max_r, BLOCK,
+                                                           LANES, SMALL_LANES, FLOOR_PASSES,
                                                            RADIX_BITS), float("inf"))
                 cut_s = floor_s
                 cut_r = floor_r
             else:
-                floor_s = _lane_floor(lane_x, tl.maximum(need_s, need_r), BLOCK, LANES,
-                                      SMALL_LANES, FLOOR_PASSES, RADIX_BITS)
+                # The row's chunks share one cut: each captures above the largest floor published
+                # so far, and a chunk that starts after another has published refines that cut
+                # in one pass instead of searching (`chunk_floor`). Every answer is checked
+                # against the largest floor, so nothing below it was of use anyway.
+                low = key_to_float(tl.load(fill + 1, cache_modifier=".cg").to(tl.uint32,
+                                                                              bitcast=True))
+                floor_s = share_floor(fill, _lane_floor(lane_x, tl.maximum(need_s, need_r), low,
+                                                        max_x, BLOCK, LANES, SMALL_LANES,
+                                                        FLOOR_PASSES, RADIX_BITS))
                 floor_r = floor_s
                 cut_s = floor_s
-                # A small top-k and a greedy row's logprobs need only the row's top `need`,
-                # so the chunks of the row share their floors; other needs are per chunk.
-                if small_k | ~is_random:
-                    cut_s = share_floor(fill, floor_s)
-                cut_r = cut_s
+                cut_r = floor_s
             _capture_hot(row_ptr, mask_row_ptr, mask_on, lo, fill, pool_x, pool_id, lane_x,
                          lane_r, 1.0, cut_s, cut_r, VOCAB, CHUNK, CAP, BLOCK, HAS_BITMASK)
         out = part + split
@@ -288,15 +295,16 @@ def _scan_kernel(
 
 
 @triton.jit
-def _lane_floor(lane_max, need, BLOCK: tl.constexpr, LANES: tl.constexpr,
+def _lane_floor(lane_max, need, low, top, BLOCK: tl.constexpr, LANES: tl.constexpr,
                 SMALL_LANES: tl.constexpr, PASSES: tl.constexpr, RADIX_BITS: tl.constexpr):
     """`chunk_floor` over the lane maxima folded to LANES, or to SMALL_LANES when `need` is
     small: a quarter of the search for a somewhat lower floor."""
     if need * 4 <= SMALL_LANES:
-        floor = chunk_floor(fold_lanes(lane_max, BLOCK, SMALL_LANES), need, SMALL_LANES, PASSES,
-                            RADIX_BITS)
+        floor = chunk_floor(fold_lanes(lane_max, BLOCK, SMALL_LANES), need, low, top,
+                            SMALL_LANES, PASSES, RADIX_BITS)
     else:
-        floor = chunk_floor(fold_lanes(lane_max, BLOCK, LANES), need, LANES, PASSES, RADIX_BITS)
+        floor = chunk_floor(fold_lanes(lane_max, BLOCK, LANES), need, low, top, LANES, PASSES,
+                            RADIX_BITS)
     return floor
 
 
@@ -311,9 +319,11 @@ def _capture_hot(row_ptr, mask_row_ptr, mask_on, lo, fill, pool_x, pool_id, lane
     hot = (lane_x * scale >= cut_s) | (lane_r >= cut_r)  # [BLOCK]
     lanes = tl.arange(0, BLOCK)
     for start in range(0, CHUNK, 2 * BLOCK):
-        # A cold lane's column reads as padding: nothing loaded, nothing taken.
+        # Four tiles loaded before any is captured: the loads wait on L2 together, and the
+        # atomics of one tile do not hold back the next tile's loads.
         offs_a = lo + start + lanes
-        offs_b = second_tile(offs_a, CHUNK, VOCAB, BLOCK)
+        offs_b = nth_tile(offs_a, 1, CHUNK, VOCAB, BLOCK)
+        # A cold lane's column reads as padding: nothing loaded, nothing taken.
         _, _, raw_a, allowed_a = load_masked(row_ptr, mask_row_ptr, mask_on,
                                              tl.where(hot, offs_a, VOCAB), VOCAB, HAS_BITMASK)
         _, _, raw_b, allowed_b = load_masked(row_ptr, mask_row_ptr, mask_on,
@@ -518,6 +528,17 @@ def _block_size(vocab_size: int, k_p: int, block_size: int | None) -> int:
     return max(block_size, k_p, 16)
 
 
+def scan_options(has_bitmask: bool, block: int) -> dict:
+    """Launch options of `_scan_kernel`'s variant. The variant without bitmask support is held to
+    LEAN_SCAN_REGISTERS: it streams at memory speed only with four programs of 8 warps per SM, and
+    left alone ptxas gives it a few registers more than that for code that runs after the
+    stream (it fits in 64 with no spills when asked)."""
+    options = dict(num_warps=8 if block >= 1024 else 4, **NO_FMA)
+    if not has_bitmask:
+        options["maxnreg"] = LEAN_SCAN_REGISTERS
+    return options
+
+
 def sample(logits: torch.Tensor, *, vocab_size: int, num_reqs: torch.Tensor,
            req_slots: torch.Tensor, cu_num_logits: torch.Tensor, seq_lens: torch.Tensor,
            tables: SlotTables, layout: RecordLayout, records: torch.Tensor, max_num_reqs: int,
@@ -584,13 +605,13 @@ def sample(logits: torch.Tensor, *, vocab_size: int, num_reqs: torch.Tensor,
     top = min(CHUNK_TOP, lanes)
     scan = dict(VOCAB=vocab_size, M=m, K=k, CHUNK=chunk, SPLITS=splits, CAP=cap, LANES=lanes,
                 SMALL_LANES=min(SMALL_FLOOR_LANES, lanes), TOP=top, BLOCK=chunk_block,
-                FLOOR_PASSES=FLOOR_PASSES, RADIX_BITS=RADIX_BITS,
-                num_warps=8 if chunk_block >= 1024 else 4, **NO_FMA)
-    launch(_scan_kernel, (max_num_reqs * m, splits), *common, **flags, **scan)
+                FLOOR_PASSES=FLOOR_PASSES, RADIX_BITS=RADIX_BITS)
+    launch(_scan_kernel, (max_num_reqs * m, splits), *common, **flags, **scan,
+           **scan_options(bitmask is not None, chunk_block))
     if bitmask_enabled is not None:
         # The variant for steps whose flag is off (see `_scan_kernel`).
         launch(_scan_kernel, (max_num_reqs * m, splits), *common, HAS_BITMASK=False,
-               HAS_BITMASK_FLAG=True, **scan)
+               HAS_BITMASK_FLAG=True, **scan, **scan_options(False, chunk_block))
     launch(_finish_kernel, (max_num_reqs * m,), *common,
            draft_tokens if draft_tokens is not None else dummy,
            VOCAB=vocab_size, M=m, M_P=triton.next_power_of_2(m), K=k, K_P=k_p, SPLITS=splits,
