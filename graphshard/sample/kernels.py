@@ -298,8 +298,12 @@ def _scan_kernel(
 def _lane_floor(lane_max, need, low, top, BLOCK: tl.constexpr, LANES: tl.constexpr,
                 SMALL_LANES: tl.constexpr, PASSES: tl.constexpr, RADIX_BITS: tl.constexpr):
     """`chunk_floor` over the lane maxima folded to LANES, or to SMALL_LANES when `need` is
-    small: a quarter of the search for a somewhat lower floor."""
-    if need * 4 <= SMALL_LANES:
+    small: a quarter of the search for a somewhat lower floor. The one-pass refinement of a
+    published cut (`low` finite) reads every lane: one pass of compares costs less than the
+    captures a coarser floor lets in."""
+    if low > float("-inf"):
+        floor = chunk_floor(lane_max, need, low, top, BLOCK, PASSES, RADIX_BITS)
+    elif need * 4 <= SMALL_LANES:
         floor = chunk_floor(fold_lanes(lane_max, BLOCK, SMALL_LANES), need, low, top,
                             SMALL_LANES, PASSES, RADIX_BITS)
     else:
