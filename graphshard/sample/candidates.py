@@ -129,6 +129,16 @@ def share_floor(fill_ptr, floor_x):
 
 
 @triton.jit
+def published_cut(fill_ptr):
+    """The largest floor the row's chunks have published so far (`share_floor`), NaN when none
+    has. Read with an atomic: a scalar atomic runs once and hands every thread of the program
+    its result, where a plain load runs in every thread and another program's publish can land
+    between those loads; threads that disagree on the cut would mix pivots of two searches."""
+    shared = (fill_ptr + 1).to(tl.pointer_type(tl.uint32))
+    return key_to_float(tl.atomic_or(shared, 0, sem="relaxed"))
+
+
+@triton.jit
 def load_pool(pool_x_ptr, pool_id_ptr, t, n_cand, inv_temp, TILE: tl.constexpr):
     """One tile of the pool -> (score, raw logit, id, allowed & live). Scores of disallowed and
     dead entries are -inf; raw logits of dead entries are -inf."""

@@ -77,8 +77,9 @@ from graphshard.runtime.launch import check_int32_vector, launch
 from graphshard.sample.params import SLOT_WIDTH, SlotTables
 from graphshard.sample.records import RecordLayout
 from graphshard.sample.resolve import load_part, settle_logprobs, settle_token, store_logprobs
-from graphshard.sample.rows import key_to_float, load_masked, nth_tile, scan_span, uses_filters
-from graphshard.sample.candidates import capture, chunk_floor, fold_lanes, share_floor
+from graphshard.sample.rows import load_masked, nth_tile, scan_span, uses_filters
+from graphshard.sample.candidates import (capture, chunk_floor, fold_lanes, published_cut,
+                                          share_floor)
 from graphshard.sample.workspace import (CHUNK_TOP, MAX_LOGPROBS, P_ARG_X, P_ARG_Z, P_FLOOR_R, P_FLOOR_S,
                                           P_MAX_R, P_MAX_X, P_MAX_Z, P_NAN, P_SUM_R, P_SUM_S,
                                           SamplerWorkspace, workspace_request, workspace_row)
@@ -271,8 +272,7 @@ def _scan_kernel(
                 # so far, and a chunk that starts after another has published refines that cut
                 # in one pass instead of searching (`chunk_floor`). Every answer is checked
                 # against the largest floor, so nothing below it was of use anyway.
-                low = key_to_float(tl.load(fill + 1, cache_modifier=".cg").to(tl.uint32,
-                                                                              bitcast=True))
+                low = published_cut(fill)
                 floor_s = share_floor(fill, _lane_floor(lane_x, tl.maximum(need_s, need_r), low,
                                                         max_x, BLOCK, LANES, SMALL_LANES,
                                                         FLOOR_PASSES, RADIX_BITS))
