@@ -2,8 +2,10 @@
 captured tp = 1 engine step (CUPTI through torch.profiler; no hardware counters needed).
 
 Usage: python3 -m benchmarks.profile_kernels [--vocab 152064] [--dtype float32]
-       [--modes greedy,top_k_top_p,...] [--batches 1,32,256,1024] [--out kernels.json]
-Prints one line per (what, batch, kernel): mean µs per call over the profiled calls.
+       [--modes greedy,top_k_top_p,...] [--batches 1,32,256,1024] [--k K] [--no-step]
+       [--out kernels.json]
+Prints one line per (what, batch, kernel): mean µs per call over the profiled calls, and per
+(mode, batch) the rows that left the sampler's candidate path over those calls.
 """
 
 from __future__ import annotations
@@ -67,6 +69,9 @@ def main(argv=None):
     parser.add_argument("--dtype", default="float32")
     parser.add_argument("--modes", default="greedy,top_k,top_p,top_k_top_p,min_p,logprobs_20")
     parser.add_argument("--batches", default="1,32,256,1024")
+    parser.add_argument("--k", type=int, default=None,
+                        help="layout K of every mode (default: 20 for logprob modes, else 0)")
+    parser.add_argument("--no-step", action="store_true", help="skip the tp = 1 engine step")
     parser.add_argument("--out", default=None)
     args = parser.parse_args(argv)
     device = torch.device("cuda")
@@ -76,13 +81,20 @@ def main(argv=None):
     rows = []
     for mode in args.modes.split(","):
         for batch in batches:
-            k = MAX_LOGPROBS if MODES[mode].num_logprobs else 0
-            call, _ = sampler_call(logits[:batch], args.vocab, MODES[mode], k, device)
+            k = args.k if args.k is not None else MAX_LOGPROBS if MODES[mode].num_logprobs else 0
+            call, ws = sampler_call(logits[:batch], args.vocab, MODES[mode], k, device)
             for name, us in kernel_us(call).items():
                 rows.append(dict(what=f"sampler_{mode}", batch=batch, kernel=name, us=us))
-    rows += step_kernels(args.vocab, dtype, batches, device)
+            # Rows of all the calls above that left the candidate path (see SamplerWorkspace).
+            rows.append(dict(what=f"sampler_{mode}", batch=batch, kernel="paths", us=0.0,
+                             paths=ws.paths()))
+    if not args.no_step:
+        rows += step_kernels(args.vocab, dtype, batches, device)
     for r in rows:
-        print(f"{r['what']:>24s} b={r['batch']:<5d} {r['us']:9.1f} us  {r['kernel'][:60]}")
+        if r["kernel"] == "paths":
+            print(f"{r['what']:>24s} b={r['batch']:<5d} paths {r['paths']}")
+        else:
+            print(f"{r['what']:>24s} b={r['batch']:<5d} {r['us']:9.1f} us  {r['kernel'][:60]}")
     if args.out:
         with open(args.out, "w") as f:
             json.dump(rows, f, indent=1)

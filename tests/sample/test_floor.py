@@ -17,7 +17,7 @@ import triton
 import triton.language as tl
 from hypothesis import given, settings, strategies as st
 
-from graphshard.sample.candidates import chunk_floor
+from graphshard.sample.candidates import FLOOR_PIVOTS, chunk_floor
 
 INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
 DEVICE = "cpu" if INTERPRET else "cuda"
@@ -99,11 +99,13 @@ def test_floor_is_reached_by_need_lanes_or_is_the_published_cut(seed, kind, wher
 
 
 def test_refined_floor_rises_to_the_last_pivot_need_lanes_reach():
-    """Lanes 0..255 and a published cut of 100: pivots 100 + 9.6875 j; the last that 50 lanes
-    reach is 196.875 (j = 10, lanes 197..255), so the cut rises to it."""
+    """Lanes 0..255 and a published cut of 100: the cut rises to the last of the pivots
+    100 + j * (255 - 100) / FLOOR_PIVOTS (fp32, as the kernel rounds them) that 50 lanes reach."""
     lanes = np.arange(LANES, dtype=np.float32)
     floor = run_floor(lanes, 50, 100.0)
-    step = np.float32(255.0 - 100.0) / np.float32(16)
-    expected = np.float32(100.0) + step * np.float32(10)
-    assert floor == expected and (lanes >= floor).sum() >= 50
-    assert (lanes >= expected + step).sum() < 50
+    n = FLOOR_PIVOTS.value
+    step = np.float32(255.0 - 100.0) / np.float32(n)
+    pivots = np.float32(100.0) + step * np.arange(n, dtype=np.float32)
+    reached = pivots[np.array([(lanes >= p).sum() >= 50 for p in pivots])]
+    assert floor == reached.max() > 100.0 and (lanes >= floor).sum() >= 50
+    assert (lanes >= floor + step).sum() < 50
