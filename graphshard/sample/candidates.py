@@ -22,8 +22,9 @@ maximum published so far bounds the row's maximum from below, so a chunk capture
 above that bound (with the finish's rounding) and reports a floor of -inf: nothing a threshold
 can keep was left out.
 
-A pool that fits one tile is sorted once (`sorted_thresholds`, `top_raw`); a larger one is
-searched a radix digit per pass (`search_pool`).
+A pool that fits one tile is sorted once (`sorted_thresholds`, `top_raw`); in a larger one the
+top-p threshold is found by pivots (`search_mass`), a top-k threshold a radix digit per pass
+(`search_pool`), and the top-K logprobs by a running top-K over its tiles (`top_raw`).
 
 Pool entries are (logit bits, id with bit 31 set when the bitmask disallows the token).
 """
@@ -34,7 +35,7 @@ import triton
 import triton.language as tl
 
 from graphshard.sample import rng
-from graphshard.sample.rows import key_to_float, order_key
+from graphshard.sample.rows import key_to_float, merge_top, order_key
 
 DISALLOWED = tl.constexpr(-2147483648)  # bit 31 of a pool id
 ID_BITS = tl.constexpr(0x7FFFFFFF)
@@ -370,11 +371,11 @@ def sorted_thresholds(pool_x_ptr, pool_id_ptr, n_cand, whole, all_in, below, nor
 
 @triton.jit
 def top_raw(pool_x_ptr, pool_id_ptr, n_cand, num, scratch_ptr, CAP: tl.constexpr,
-            TILE: tl.constexpr, K_P: tl.constexpr, RADIX_BITS: tl.constexpr):
+            TILE: tl.constexpr, K_P: tl.constexpr):
     """Top-`num` (<= K_P) captured tokens by raw logit, ties by lower id: sorted 64-bit keys
     (value key, inverted id), 0 = empty. The keys are unique. A pool that fits one tile is
-    sorted whole; a larger one is radix-searched for the `num`-th largest key, and the `num`
-    keys at or above it are sorted. Both pass through `scratch_ptr` (K_P int64)."""
+    sorted whole (through `scratch_ptr`, K_P int64); a larger one keeps a running top-K_P
+    over its tiles."""
     at = tl.arange(0, K_P)
     if (SHORT_POOL < TILE) & (n_cand <= SHORT_POOL):
         _sort_top(pool_x_ptr, pool_id_ptr, n_cand, num, scratch_ptr, K_P, SHORT_POOL)
@@ -385,11 +386,15 @@ def top_raw(pool_x_ptr, pool_id_ptr, n_cand, num, scratch_ptr, CAP: tl.constexpr
         tl.debug_barrier()  # the stores came from other threads of this program
         best = tl.load(scratch_ptr + at).to(tl.uint64, bitcast=True)
     else:
-        filled = _compact_top(pool_x_ptr, pool_id_ptr, n_cand, num, scratch_ptr, CAP, TILE, K_P,
-                              RADIX_BITS)
-        tl.debug_barrier()
-        best = tl.load(scratch_ptr + at, mask=at < tl.minimum(filled, K_P), other=0)
-        best = tl.sort(best.to(tl.uint64, bitcast=True), descending=True)
+        # A running top-K_P over the pool's tiles: one partial sort of each tile, where a radix
+        # search of the 64-bit keys took 16 passes over every tile.
+        best = tl.zeros([K_P], tl.uint64)
+        floor = tl.full((), 0, tl.uint64)
+        for t in range(0, CAP, TILE):
+            if t < n_cand:
+                best, floor = merge_top(best, floor, _rank_keys(pool_x_ptr, pool_id_ptr, t,
+                                                               n_cand, TILE)[0], K_P)
+        best = tl.where(at < num, best, 0)
     return best
 
 
@@ -403,37 +408,6 @@ def _sort_top(pool_x_ptr, pool_id_ptr, n_cand, num, scratch_ptr, K_P: tl.constex
     pos = tl.arange(0, N)
     tl.store(scratch_ptr + pos, tl.where(pos < num, desc, 0).to(tl.int64, bitcast=True),
              mask=pos < K_P)
-
-
-@triton.jit
-def _compact_top(pool_x_ptr, pool_id_ptr, n_cand, num, scratch_ptr, CAP: tl.constexpr,
-                 TILE: tl.constexpr, K_P: tl.constexpr, RADIX_BITS: tl.constexpr):
-    """Radix-search the `num`-th largest rank key of the pool and store the keys at or above it
-    into `scratch_ptr`; returns how many there are."""
-    RADIX: tl.constexpr = 1 << RADIX_BITS
-    digits = tl.arange(0, RADIX).to(tl.uint64)
-    prefix = tl.full((), 0, tl.uint64)
-    for p in tl.static_range(64 // RADIX_BITS):
-        shift = 64 - RADIX_BITS * (p + 1)
-        cand = prefix | (digits << shift)  # [RADIX]
-        acc = tl.zeros([RADIX], tl.int32)
-        for t in range(0, CAP, TILE):
-            if t < n_cand:
-                keys, live = _rank_keys(pool_x_ptr, pool_id_ptr, t, n_cand, TILE)
-                hit = (keys[None, :] >= cand[:, None]) & live[None, :]
-                acc += tl.sum(hit.to(tl.int32), axis=1)
-        digit = tl.maximum(tl.sum((acc >= num).to(tl.int32), axis=0) - 1, 0)
-        prefix = prefix | (digit.to(tl.uint64) << shift)
-    filled = tl.full((), 0, tl.int32)
-    for t in range(0, CAP, TILE):
-        if t < n_cand:
-            keys, live = _rank_keys(pool_x_ptr, pool_id_ptr, t, n_cand, TILE)
-            take = live & (keys >= prefix)
-            pos = filled + tl.cumsum(take.to(tl.int32), axis=0) - 1
-            tl.store(scratch_ptr + pos, keys.to(tl.int64, bitcast=True),
-                     mask=take & (pos >= 0) & (pos < K_P))
-            filled += tl.sum(take.to(tl.int32), axis=0)
-    return filled
 
 
 @triton.jit

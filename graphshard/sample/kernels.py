@@ -386,7 +386,7 @@ def _finish_kernel(
             if num_logprobs > 0:
                 settle_logprobs(part, n_pool, pool_x, pool_id, stats, top, rec_ptr, row_ptr, r,
                                 token, num_logprobs, VOCAB, M, K, K_P, SPLITS, SPLITS_P, CAP,
-                                TILE, BLOCK, SMALL_BLOCK, RADIX_BITS)
+                                TILE, BLOCK, SMALL_BLOCK)
         if M == 1:
             _assemble(rec_ptr, token, tl.max(load_part(part, P_NAN, SPLITS, SPLITS_P, 0, False),
                                              axis=0), 0, num_logprobs, M, K, K_P)

@@ -208,8 +208,7 @@ def searched_thresholds(pool_x, pool_id, n_cand, whole, all_in, below, norm, inv
 def settle_logprobs(part, n_pool, pool_x, pool_id, stats, top, rec_ptr, row_ptr, r, token, num,
                     VOCAB: tl.constexpr, M: tl.constexpr, K: tl.constexpr, K_P: tl.constexpr,
                     SPLITS: tl.constexpr, SPLITS_P: tl.constexpr, CAP: tl.constexpr,
-                    TILE: tl.constexpr, BLOCK: tl.constexpr, SMALL_BLOCK: tl.constexpr,
-                    RADIX_BITS: tl.constexpr):
+                    TILE: tl.constexpr, BLOCK: tl.constexpr, SMALL_BLOCK: tl.constexpr):
     """Row r's logprob fields: the top-K list and the token's logprob from the pool when it
     holds every token they need, its rank when the token lies above every floor; whole-row
     passes for what the pool cannot prove."""
@@ -219,7 +218,7 @@ def settle_logprobs(part, n_pool, pool_x, pool_id, stats, top, rec_ptr, row_ptr,
     else:
         _settle_logprobs_from_pool(part, n_pool, pool_x, pool_id, stats, top, rec_ptr, row_ptr,
                                    r, token, num, VOCAB, M, K, K_P, SPLITS, SPLITS_P, CAP, TILE,
-                                   BLOCK, SMALL_BLOCK, RADIX_BITS)
+                                   BLOCK, SMALL_BLOCK)
 
 
 @triton.jit
@@ -227,16 +226,14 @@ def _settle_logprobs_from_pool(part, n_pool, pool_x, pool_id, stats, top, rec_pt
                                token, num, VOCAB: tl.constexpr, M: tl.constexpr,
                                K: tl.constexpr, K_P: tl.constexpr, SPLITS: tl.constexpr,
                                SPLITS_P: tl.constexpr, CAP: tl.constexpr, TILE: tl.constexpr,
-                               BLOCK: tl.constexpr, SMALL_BLOCK: tl.constexpr,
-                               RADIX_BITS: tl.constexpr):
+                               BLOCK: tl.constexpr, SMALL_BLOCK: tl.constexpr):
     n_cand = tl.maximum(tl.minimum(n_pool, CAP), 0)
     whole = n_pool <= CAP
     max_r = tl.max(load_part(part, P_MAX_R, SPLITS, SPLITS_P, float("-inf"), True), axis=0)
     total = softmax_mass(part, P_MAX_R, P_SUM_R, max_r, 1.0, SPLITS, SPLITS_P)
     lse = tl.where(max_r == float("-inf"), 0.0, max_r + tl.log(total))
     floor_r = tl.max(load_part(part, P_FLOOR_R, SPLITS, SPLITS_P, float("-inf"), True), axis=0)
-    ids, vals, xs = unpack_top(top_raw(pool_x, pool_id, n_cand, num, top, CAP, TILE, K_P,
-                                       RADIX_BITS), lse)
+    ids, vals, xs = unpack_top(top_raw(pool_x, pool_id, n_cand, num, top, CAP, TILE, K_P), lse)
     at = tl.arange(0, K_P)
     last_x = tl.max(tl.where(at == num - 1, xs, float("-inf")), axis=0)
     # The list is exact when its last needed entry is finite and at or above every floor.

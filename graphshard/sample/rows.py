@@ -243,6 +243,18 @@ def draw_filtered(row_ptr, mask_row_ptr, mask_on, VOCAB: tl.constexpr, key, inv_
 
 
 @triton.jit
+def merge_top(best, floor, keys, K_P: tl.constexpr):
+    """A running top-K_P of unique 64-bit keys (`best` [K_P] descending, 0 = empty; `floor` its
+    smallest) with a tile of keys (0 = none) merged in, only when the tile beats it."""
+    if tl.max(keys, axis=0) > floor:
+        top = tl.topk(keys, K_P)
+        # Descending vs ascending, element-wise max: the K_P largest of both (bitonic).
+        best = tl.sort(tl.maximum(best, tl.flip(top, 0)), descending=True)
+        floor = tl.min(best, axis=0)
+    return best, floor
+
+
+@triton.jit
 def logprob_row(row_ptr, VOCAB: tl.constexpr, token, BLOCK: tl.constexpr, K_P: tl.constexpr):
     """Raw log-softmax facts of one row -> (top-K_P ids [K_P], their logprobs, the token's
     logprob, its rank). The running top-K_P is a sorted list of 64-bit keys (value key, then
@@ -267,12 +279,7 @@ def logprob_row(row_ptr, VOCAB: tl.constexpr, token, BLOCK: tl.constexpr, K_P: t
         above += (x > tok_x).to(tl.int32)
         inverted_id = offs.to(tl.uint32) ^ 0xFFFFFFFF
         rank_key = (order_key(x).to(tl.uint64) << 32) | inverted_id.to(tl.uint64)
-        rank_key = tl.where(valid, rank_key, 0)
-        if tl.max(rank_key, axis=0) > floor:
-            top = tl.topk(rank_key, K_P)
-            # Descending vs ascending, element-wise max: the K_P largest of both (bitonic).
-            best = tl.sort(tl.maximum(best, tl.flip(top, 0)), descending=True)
-            floor = tl.min(best, axis=0)
+        best, floor = merge_top(best, floor, tl.where(valid, rank_key, 0), K_P)
     row_max = tl.max(run_max, axis=0)
     lane_sum = tl.where(run_max == float("-inf"), 0.0, run_sum * tl.exp(run_max - row_max))
     total = tl.sum(lane_sum, axis=0)

@@ -38,6 +38,37 @@ def test_benchmark_settings_settle_from_candidates(name, dtype):
     assert ws.paths() == {"draw_fallback": 0, "logprobs_fallback": 0, "counted": 0}
 
 
+@pytest.mark.parametrize("name", ["top_k_top_p", "greedy_logprobs_20", "top_p"])
+def test_large_batches_settle_from_candidates(name):
+    """64 rows (every slot): 1216 chunk programs, more than one H200 runs at once, so the later
+    chunks of a row refine the cut it published instead of searching (and, racing the publishes,
+    once read different cuts in different threads of one program)."""
+    rs = np.random.default_rng(7 + len(name))
+    n = 64
+    b = make_batch(rs, [SETTINGS[name]] * n)
+    b.logits = torch.from_numpy(rs.standard_normal((n, PV)).astype(np.float32)) * 3
+    ws = sampler.SamplerWorkspace.allocate(n, 1, V, "cuda")
+    for _ in range(3):
+        records, layout = run_kernel(b, K=20, vocab_size=V, block_size=None, workspace=ws)
+    assert_same(records, layout, run_ref(b, K=20, vocab_size=V))
+    assert ws.paths() == {"draw_fallback": 0, "logprobs_fallback": 0, "counted": 0}
+
+
+def test_temperature_logprobs_full_vocabulary():
+    """Unfiltered random rows that report logprobs: the top-K list comes from a pool of ~5000
+    candidates (256 a chunk, for the sampled token's rank). A token drawn below every floor has
+    its rank counted over the row (`counted`); nothing else leaves the pool."""
+    rs = np.random.default_rng(11)
+    n = 48
+    b = make_batch(rs, [SamplingParams(temperature=0.8, seed=7, num_logprobs=5)] * n)
+    b.logits = torch.from_numpy(rs.standard_normal((n, PV)).astype(np.float32)) * 3
+    ws = sampler.SamplerWorkspace.allocate(n, 1, V, "cuda")
+    records, layout = run_kernel(b, K=20, vocab_size=V, block_size=None, workspace=ws)
+    assert_same(records, layout, run_ref(b, K=20, vocab_size=V))
+    paths = ws.paths()
+    assert paths["draw_fallback"] == 0 and paths["logprobs_fallback"] == 0, paths
+
+
 @pytest.mark.parametrize("kind", ROW_KINDS)
 def test_adversarial_rows_full_vocabulary(kind):
     rs = np.random.default_rng(sum(map(ord, kind)))
