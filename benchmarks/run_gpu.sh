@@ -4,7 +4,9 @@
 # (default: all; "kernels" runs the sampler tests compiled on one GPU, "sampling" the sampler
 # benchmark against the PyTorch sort sampler, "tests" runs tests/gpu except the long reliability
 # run and the divergence check's tests, "reliability" and "divergence" run those; the divergence
-# check's random run takes DIVERGENCE_RUN_STEPS steps, 10000 here)
+# check's random run takes DIVERGENCE_RUN_STEPS steps, 10000 here). "kernels" compiles dozens of
+# sampler variants on a fresh machine and takes most of a 10-minute device call: give it its own.
+# Comparing the sampler's kernel times with another commit: benchmarks/ab_kernels.sh.
 # Files: machine.txt, run.log (everything printed), sampling.json, bench.json, exchange.json,
 # gpu_report.jsonl, sweep/loop.{json,md,png}, sweep/auto.json.
 set -uo pipefail
@@ -23,10 +25,10 @@ status=0
 } > "$OUT/machine.txt" 2>&1
 cat "$OUT/machine.txt"
 # Budgets in seconds (one device call may run 10 minutes in all).
-T_KERNELS=${T_KERNELS:-240} T_SAMPLING=${T_SAMPLING:-300} T_TESTS=${T_TESTS:-300} T_RELIABILITY=${T_RELIABILITY:-420} T_BENCH=${T_BENCH:-90} T_SWEEP=${T_SWEEP:-300} T_PROFILE=${T_PROFILE:-120} T_DIVERGENCE=${T_DIVERGENCE:-540}
+T_KERNELS=${T_KERNELS:-560} T_SAMPLING=${T_SAMPLING:-300} T_TESTS=${T_TESTS:-300} T_RELIABILITY=${T_RELIABILITY:-420} T_BENCH=${T_BENCH:-90} T_SWEEP=${T_SWEEP:-300} T_PROFILE=${T_PROFILE:-120} T_DIVERGENCE=${T_DIVERGENCE:-540}
 if want kernels; then
   echo "== sampler tests, compiled" | tee -a "$log"
-  timeout "$T_KERNELS" python3 -m pytest -q -rs -x --timeout=200 ${KERNEL_ARGS:-tests/gpu/test_sampler_gpu.py tests/gpu/test_kernels_gpu.py tests/sample/test_sampler.py} 2>&1 | tee -a "$log" || status=1
+  timeout "$T_KERNELS" python3 -m pytest -q -rs -x --timeout=200 ${KERNEL_ARGS:-tests/gpu/test_sampler_gpu.py tests/sample/test_floor.py tests/sample/test_search.py tests/gpu/test_kernels_gpu.py tests/sample/test_sampler.py} 2>&1 | tee -a "$log" || status=1
 fi
 if want sampling; then
   echo "== sampling benchmark (tp = 1) against the PyTorch sort sampler" | tee -a "$log"
