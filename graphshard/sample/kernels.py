@@ -323,11 +323,9 @@ def _capture_hot(row_ptr, mask_row_ptr, mask_on, lo, fill, pool_x, pool_id, lane
     hot = (lane_x * scale >= cut_s) | (lane_r >= cut_r)  # [BLOCK]
     lanes = tl.arange(0, BLOCK)
     for start in range(0, CHUNK, 2 * BLOCK):
-        # Four tiles loaded before any is captured: the loads wait on L2 together, and the
-        # atomics of one tile do not hold back the next tile's loads.
+        # A cold lane's column reads as padding: nothing loaded, nothing taken.
         offs_a = lo + start + lanes
         offs_b = nth_tile(offs_a, 1, CHUNK, VOCAB, BLOCK)
-        # A cold lane's column reads as padding: nothing loaded, nothing taken.
         _, _, raw_a, allowed_a = load_masked(row_ptr, mask_row_ptr, mask_on,
                                              tl.where(hot, offs_a, VOCAB), VOCAB, HAS_BITMASK)
         _, _, raw_b, allowed_b = load_masked(row_ptr, mask_row_ptr, mask_on,
