@@ -47,7 +47,7 @@ SHORT_POOL = tl.constexpr(256)
 PIVOTS = tl.constexpr(16)
 SORT_LIMIT = tl.constexpr(1024)
 # Pivots of a chunk's one-pass floor refinement (`chunk_floor`): at V = 152064, top-k 50, 32
-# keep a row's pool under the finish's 1024-entry sort where 16 let 8% of rows past it.
+# kept 24 rows' pools under the finish's 1024-entry sort where 16 let 8% of them past it.
 FLOOR_PIVOTS = tl.constexpr(32)
 
 
