@@ -14,8 +14,8 @@ below the largest reported floor, which is all the check uses, so nothing it cou
 lost; and where the row needs only its own top `need` (a small top-k, a greedy row's logprobs),
 a chunk's floor bounds that order statistic from below too. A chunk that starts after others
 have published (at large batch most do: the grid runs a row's chunks one batch-wide wave after
-another) refines the published cut with one pass over its lanes instead of a radix search
-(`chunk_floor`).
+another) refines the published cut with one pass over its lanes (`refine_floor`) instead of a
+radix search (`chunk_floor`).
 
 A min-p-only row needs no floor: min-p keeps `s >= max s + log(min_p)`, and the largest chunk
 maximum published so far bounds the row's maximum from below, so a chunk captures every token
@@ -46,50 +46,50 @@ SHORT_POOL = tl.constexpr(256)
 # two pivots it sorts (it uses that much of the pool's unused tail as scratch).
 PIVOTS = tl.constexpr(16)
 SORT_LIMIT = tl.constexpr(1024)
-# Pivots of a chunk's one-pass floor refinement (`chunk_floor`): at V = 152064, top-k 50, 32
+# Pivots of a chunk's one-pass floor refinement (`refine_floor`): at V = 152064, top-k 50, 32
 # kept 24 rows' pools under the finish's 1024-entry sort where 16 let 8% of them past it.
 FLOOR_PIVOTS = tl.constexpr(32)
 
 
 @triton.jit
-def chunk_floor(lane_max, need, low, top, LANES: tl.constexpr, PASSES: tl.constexpr,
+def chunk_floor(lane_max, need, LANES: tl.constexpr, PASSES: tl.constexpr,
                 RADIX_BITS: tl.constexpr):
     """A lower bound of the `need`-th largest of `lane_max` [LANES] (so of the chunk's `need`-th
-    largest value: `need` distinct elements are at least that large), or `low`, whichever is
-    larger; -inf when need > LANES and no `low`.
+    largest value: `need` distinct elements are at least that large); -inf when need > LANES.
 
-    `low` is the cut the row's earlier chunks published (NaN when none has; `share_floor`) and
-    `top` the largest lane maximum. With a finite `low` one pass weighs FLOOR_PIVOTS values spread
-    evenly over [low, top] and keeps the largest that `need` lanes reach (else `low`): the earlier
-    chunks already put the answer near `low`. Without, a radix search over the order-preserving
-    keys stopped after PASSES digits: the prefix found so far always has `need` keys at or above
-    it, and zeroing the undecided bits only lowers it. A sort would give the exact value, but
-    costs more than the few extra captures saved."""
-    if low > float("-inf"):
-        step = (top - low) / FLOOR_PIVOTS
-        pivots = low + step * tl.arange(0, FLOOR_PIVOTS).to(tl.float32)  # [FLOOR_PIVOTS]
-        above = tl.sum((lane_max[None, :] >= pivots[:, None]).to(tl.int32), axis=1)
-        # Pivots rise and counts fall: the reached pivots are a prefix. Recomputing the last one
-        # (the same two roundings) keeps the pivots out of registers past the compare.
-        reached = tl.sum((above >= need).to(tl.int32), axis=0)
-        best = low + step * tl.maximum(reached - 1, 0).to(tl.float32)
-        # A chunk whose lanes all lie below `low`, or with +inf among them, keeps `low`.
-        theta = tl.where((step >= 0.0) & (step < float("inf")), best, low)
-    else:
-        RADIX: tl.constexpr = 1 << RADIX_BITS
-        keys = order_key(lane_max)
-        digits = tl.arange(0, RADIX).to(tl.uint32)
-        prefix = tl.full((), 0, tl.uint32)
-        for p in tl.static_range(PASSES):
-            shift = 32 - RADIX_BITS * (p + 1)
-            cand = prefix | (digits << shift)  # [RADIX]
-            counts = tl.sum((keys[None, :] >= cand[:, None]).to(tl.int32), axis=1)
-            digit = tl.maximum(tl.sum((counts >= need).to(tl.int32), axis=0) - 1, 0)
-            prefix = prefix | (digit.to(tl.uint32) << shift)
-        # Below the key of -inf lie only NaN patterns: every lane max is at least -inf.
-        theta = key_to_float(tl.maximum(prefix, order_key(tl.full((), float("-inf"), tl.float32))))
-        theta = tl.where(need <= LANES, theta, float("-inf"))
-    return theta
+    A radix search over the order-preserving keys stopped after PASSES digits: the prefix found
+    so far always has `need` keys at or above it, and zeroing the undecided bits only lowers it.
+    A sort would give the exact value, but costs more than the few extra captures saved."""
+    RADIX: tl.constexpr = 1 << RADIX_BITS
+    keys = order_key(lane_max)
+    digits = tl.arange(0, RADIX).to(tl.uint32)
+    prefix = tl.full((), 0, tl.uint32)
+    for p in tl.static_range(PASSES):
+        shift = 32 - RADIX_BITS * (p + 1)
+        cand = prefix | (digits << shift)  # [RADIX]
+        counts = tl.sum((keys[None, :] >= cand[:, None]).to(tl.int32), axis=1)
+        digit = tl.maximum(tl.sum((counts >= need).to(tl.int32), axis=0) - 1, 0)
+        prefix = prefix | (digit.to(tl.uint32) << shift)
+    # Below the key of -inf lie only NaN patterns: every lane max is at least -inf.
+    theta = key_to_float(tl.maximum(prefix, order_key(tl.full((), float("-inf"), tl.float32))))
+    return tl.where(need <= LANES, theta, float("-inf"))
+
+
+@triton.jit
+def refine_floor(lane_max, need, low, top):
+    """`chunk_floor` for a chunk whose row has already published a cut `low` (finite;
+    `published_cut`): the largest of FLOOR_PIVOTS values spread evenly over [low, top] (`top`
+    the largest lane maximum) that `need` lanes reach, else `low`. One pass where the radix
+    search takes PASSES: the earlier chunks already put the answer near `low`."""
+    step = (top - low) / FLOOR_PIVOTS
+    pivots = low + step * tl.arange(0, FLOOR_PIVOTS).to(tl.float32)  # [FLOOR_PIVOTS]
+    above = tl.sum((lane_max[None, :] >= pivots[:, None]).to(tl.int32), axis=1)
+    # Pivots rise and counts fall: the reached pivots are a prefix. Recomputing the last one
+    # (the same two roundings) keeps the pivots out of registers past the compare.
+    reached = tl.sum((above >= need).to(tl.int32), axis=0)
+    best = low + step * tl.maximum(reached - 1, 0).to(tl.float32)
+    # A chunk whose lanes all lie below `low`, or with +inf among them, keeps `low`.
+    return tl.where((step >= 0.0) & (step < float("inf")), best, low)
 
 
 @triton.jit

@@ -77,9 +77,9 @@ from graphshard.runtime.launch import check_int32_vector, launch
 from graphshard.sample.params import SLOT_WIDTH, SlotTables
 from graphshard.sample.records import RecordLayout
 from graphshard.sample.resolve import load_part, settle_logprobs, settle_token, store_logprobs
-from graphshard.sample.rows import load_masked, nth_tile, scan_span, uses_filters
+from graphshard.sample.rows import load_masked, scan_span, second_tile, uses_filters
 from graphshard.sample.candidates import (capture, chunk_floor, fold_lanes, published_cut,
-                                          share_floor)
+                                          refine_floor, share_floor)
 from graphshard.sample.workspace import (CHUNK_TOP, MAX_LOGPROBS, P_ARG_X, P_ARG_Z, P_FLOOR_R, P_FLOOR_S,
                                           P_MAX_R, P_MAX_X, P_MAX_Z, P_NAN, P_SUM_R, P_SUM_S,
                                           SamplerWorkspace, workspace_request, workspace_row)
@@ -258,24 +258,27 @@ def _scan_kernel(
             if HAS_BITMASK:
                 separate = mask_on
             if separate:
-                no_low = tl.full((), float("nan"), tl.float32)
-                floor_s = tl.where(need_s > 0, _lane_floor(lane_x, need_s, no_low, max_x, BLOCK,
-                                                           LANES, SMALL_LANES, FLOOR_PASSES,
+                floor_s = tl.where(need_s > 0, _lane_floor(lane_x, need_s, BLOCK, LANES,
+                                                           SMALL_LANES, FLOOR_PASSES,
                                                            RADIX_BITS), float("inf"))
-                floor_r = tl.where(need_r > 0, _lane_floor(lane_r, need_r, no_low, max_r, BLOCK,
-                                                           LANES, SMALL_LANES, FLOOR_PASSES,
+                floor_r = tl.where(need_r > 0, _lane_floor(lane_r, need_r, BLOCK, LANES,
+                                                           SMALL_LANES, FLOOR_PASSES,
                                                            RADIX_BITS), float("inf"))
                 cut_s = floor_s
                 cut_r = floor_r
             else:
                 # The row's chunks share one cut: each captures above the largest floor published
                 # so far, and a chunk that starts after another has published refines that cut
-                # in one pass instead of searching (`chunk_floor`). Every answer is checked
+                # in one pass instead of searching (`refine_floor`). Every answer is checked
                 # against the largest floor, so nothing below it was of use anyway.
+                need = tl.maximum(need_s, need_r)
                 low = published_cut(fill)
-                floor_s = share_floor(fill, _lane_floor(lane_x, tl.maximum(need_s, need_r), low,
-                                                        max_x, BLOCK, LANES, SMALL_LANES,
-                                                        FLOOR_PASSES, RADIX_BITS))
+                if low > float("-inf"):
+                    floor_s = refine_floor(lane_x, need, low, max_x)
+                else:
+                    floor_s = _lane_floor(lane_x, need, BLOCK, LANES, SMALL_LANES, FLOOR_PASSES,
+                                          RADIX_BITS)
+                floor_s = share_floor(fill, floor_s)
                 floor_r = floor_s
                 cut_s = floor_s
                 cut_r = floor_s
@@ -295,20 +298,15 @@ def _scan_kernel(
 
 
 @triton.jit
-def _lane_floor(lane_max, need, low, top, BLOCK: tl.constexpr, LANES: tl.constexpr,
+def _lane_floor(lane_max, need, BLOCK: tl.constexpr, LANES: tl.constexpr,
                 SMALL_LANES: tl.constexpr, PASSES: tl.constexpr, RADIX_BITS: tl.constexpr):
     """`chunk_floor` over the lane maxima folded to LANES, or to SMALL_LANES when `need` is
-    small: a quarter of the search for a somewhat lower floor. The one-pass refinement of a
-    published cut (`low` finite) reads every lane: one pass of compares costs less than the
-    captures a coarser floor lets in."""
-    if low > float("-inf"):
-        floor = chunk_floor(lane_max, need, low, top, BLOCK, PASSES, RADIX_BITS)
-    elif need * 4 <= SMALL_LANES:
-        floor = chunk_floor(fold_lanes(lane_max, BLOCK, SMALL_LANES), need, low, top,
-                            SMALL_LANES, PASSES, RADIX_BITS)
-    else:
-        floor = chunk_floor(fold_lanes(lane_max, BLOCK, LANES), need, low, top, LANES, PASSES,
+    small: a quarter of the search for a somewhat lower floor."""
+    if need * 4 <= SMALL_LANES:
+        floor = chunk_floor(fold_lanes(lane_max, BLOCK, SMALL_LANES), need, SMALL_LANES, PASSES,
                             RADIX_BITS)
+    else:
+        floor = chunk_floor(fold_lanes(lane_max, BLOCK, LANES), need, LANES, PASSES, RADIX_BITS)
     return floor
 
 
@@ -325,7 +323,7 @@ def _capture_hot(row_ptr, mask_row_ptr, mask_on, lo, fill, pool_x, pool_id, lane
     for start in range(0, CHUNK, 2 * BLOCK):
         # A cold lane's column reads as padding: nothing loaded, nothing taken.
         offs_a = lo + start + lanes
-        offs_b = nth_tile(offs_a, 1, CHUNK, VOCAB, BLOCK)
+        offs_b = second_tile(offs_a, CHUNK, VOCAB, BLOCK)
         _, _, raw_a, allowed_a = load_masked(row_ptr, mask_row_ptr, mask_on,
                                              tl.where(hot, offs_a, VOCAB), VOCAB, HAS_BITMASK)
         _, _, raw_b, allowed_b = load_masked(row_ptr, mask_row_ptr, mask_on,

@@ -77,7 +77,7 @@ def scan_chunk(row_ptr, mask_row_ptr, mask_on, lo, SPAN: tl.constexpr, VOCAB: tl
     # per thread without doubling the per-lane state (the running maxima).
     for start in range(0, SPAN, 2 * BLOCK):
         offs_a = lo + start + lanes
-        offs_b = nth_tile(offs_a, 1, SPAN, VOCAB, BLOCK)
+        offs_b = second_tile(offs_a, SPAN, VOCAB, BLOCK)
         xa, nan_a, raw_a, _a = load_masked(row_ptr, mask_row_ptr, mask_on, offs_a, VOCAB,
                                            HAS_BITMASK)
         xb, nan_b, raw_b, _b = load_masked(row_ptr, mask_row_ptr, mask_on, offs_b, VOCAB,
@@ -121,13 +121,12 @@ def scan_span(row_ptr, mask_row_ptr, mask_on, lo, inv_temp, key, DRAW: tl.conste
 
 
 @triton.jit
-def nth_tile(offs_a, N: tl.constexpr, SPAN: tl.constexpr, VOCAB: tl.constexpr,
-             BLOCK: tl.constexpr):
-    """Columns of tile N of a step of several tiles starting at `offs_a`; past the row (nothing
-    read) when the span ends before it, which would otherwise read the next chunk."""
-    if SPAN <= N * BLOCK:
+def second_tile(offs_a, SPAN: tl.constexpr, VOCAB: tl.constexpr, BLOCK: tl.constexpr):
+    """Columns of the second tile of a two-tile step; past the row (nothing read) when the
+    span is a single tile, which would otherwise read the next chunk."""
+    if SPAN < 2 * BLOCK:
         return offs_a * 0 + VOCAB
-    return offs_a + N * BLOCK
+    return offs_a + BLOCK
 
 
 @triton.jit

@@ -1,6 +1,6 @@
-"""A chunk's capture floor (`candidates.chunk_floor`) on adversarial lane maxima: the radix
-search of a chunk that starts first, and the one-pass refinement of a cut the row's earlier
-chunks published. Whatever the lanes (ties, -inf, +inf, a single finite value) and wherever the
+"""A chunk's capture floor on adversarial lane maxima: the radix search of a chunk that starts
+first (`candidates.chunk_floor`), and the one-pass refinement of a cut the row's earlier chunks
+published (`candidates.refine_floor`), chosen as the scan chooses them. Whatever the lanes (ties, -inf, +inf, a single finite value) and wherever the
 published cut lies, the floor is a valid one: `need` lanes reach it, or it is the published cut.
 
 Runs under the Triton interpreter on CPU (TRITON_INTERPRET=1) or compiled on a CUDA device.
@@ -17,7 +17,7 @@ import triton
 import triton.language as tl
 from hypothesis import given, settings, strategies as st
 
-from graphshard.sample.candidates import FLOOR_PIVOTS, chunk_floor
+from graphshard.sample.candidates import FLOOR_PIVOTS, chunk_floor, refine_floor
 
 INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
 DEVICE = "cpu" if INTERPRET else "cuda"
@@ -31,9 +31,13 @@ PASSES, RADIX_BITS = 4, 4
 def _floor_kernel(lanes_ptr, need_ptr, low_ptr, out_ptr, LANES: tl.constexpr,
                   PASSES: tl.constexpr, RADIX_BITS: tl.constexpr):
     lane_max = tl.load(lanes_ptr + tl.arange(0, LANES))  # [LANES]
-    top = tl.max(lane_max, axis=0)
-    tl.store(out_ptr, chunk_floor(lane_max, tl.load(need_ptr), tl.load(low_ptr), top, LANES,
-                                  PASSES, RADIX_BITS))
+    need = tl.load(need_ptr)
+    low = tl.load(low_ptr)
+    if low > float("-inf"):
+        floor = refine_floor(lane_max, need, low, tl.max(lane_max, axis=0))
+    else:
+        floor = chunk_floor(lane_max, need, LANES, PASSES, RADIX_BITS)
+    tl.store(out_ptr, floor)
 
 
 def run_floor(lanes: np.ndarray, need: int, low: float) -> float:
