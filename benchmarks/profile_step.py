@@ -1,7 +1,10 @@
 """Where one graphshard step spends its time, on 2 GPUs: host parts and device parts separately.
 
 Usage: python3 -m benchmarks.profile_step [--vocab 152064] [--dtype float32] [--transport p2p]
-Prints one table per batch size; every number is a median over many steps on rank 0.
+    [--batches 1,32,256,1024] [--no-check]
+Prints one table per batch size; every number is a median over many steps on rank 0. Then each
+kernel of the decode-loop step (step, host read of the tokens, `raise_if_failed()`) with its mean
+device µs per step on rank 0 (CUPTI; a barrier kernel's time includes its wait for the peer).
 """
 
 from __future__ import annotations
@@ -14,6 +17,7 @@ import torch
 import torch.distributed as dist
 
 from graphshard.config import Config
+from benchmarks.profile_kernels import kernel_us
 from benchmarks.timing import events_us
 from graphshard.harness.distributed import spawn
 from graphshard.engine import Engine
@@ -31,15 +35,16 @@ def _median_us(fn, iters=200) -> float:
     return float(np.median(times) * 1e6)
 
 
-def profile_rank(rank, world, vocab, dtype, transport):
-    cfg = Config(vocab_size=vocab, max_num_reqs=max(BATCHES), max_num_slots=2 * max(BATCHES),
-                 logits_dtype=dtype, buckets=BATCHES, transport=transport, graph_backend="cuda")
+def profile_rank(rank, world, vocab, dtype, transport, batches=BATCHES, check=True):
+    cfg = Config(vocab_size=vocab, max_num_reqs=max(batches), max_num_slots=2 * max(batches),
+                 logits_dtype=dtype, buckets=tuple(batches), transport=transport,
+                 graph_backend="cuda", divergence_check=check)
     engine = Engine(cfg)
     for slot in range(cfg.max_num_slots):
         engine.add_request(slot, SamplingParams(temperature=0.0))
     engine.capture()
-    rows = []
-    for n in BATCHES:
+    rows, kernels = [], []
+    for n in batches:
         idx, cu = np.arange(n, dtype=np.int32), np.arange(n + 1, dtype=np.int32)
         lens = np.full(n, 100, np.int32)
         x = engine.inputs.logits[:n]
@@ -65,7 +70,15 @@ def profile_rank(rank, world, vocab, dtype, transport):
         row["read_pinned_us"] = _median_us(lambda: host.copy_(out.records), iters=50)
         row["read_cpu_us"] = _median_us(lambda: out.records.cpu(), iters=50)
         rows.append(row)
-    return rows
+        dist.barrier()
+
+        def loop_step():
+            engine.step(idx, cu, lens, x).sampled_token_ids.cpu()
+            engine.raise_if_failed()
+        for name, us in kernel_us(loop_step, calls=100).items():
+            kernels.append(dict(batch=n, kernel=name, us=us))
+    engine.close()
+    return rows, kernels
 
 
 def main():
@@ -73,13 +86,24 @@ def main():
     parser.add_argument("--vocab", type=int, default=152064)
     parser.add_argument("--dtype", default="float32")
     parser.add_argument("--transport", default="p2p")
+    parser.add_argument("--batches", default=",".join(map(str, BATCHES)))
+    parser.add_argument("--no-check", action="store_true", help="divergence_check = false")
     args = parser.parse_args()
-    rows = spawn(profile_rank, 2, args.vocab, args.dtype, args.transport, backend="nccl", timeout_s=600)[0]
+    batches = tuple(int(b) for b in args.batches.split(","))
+    rows, kernels = spawn(profile_rank, 2, args.vocab, args.dtype, args.transport, batches,
+                          not args.no_check, backend="nccl", timeout_s=600)[0]
     keys = list(rows[0])
-    print(f"transport={args.transport} vocab={args.vocab} dtype={args.dtype} (rank 0, medians)")
+    print(f"transport={args.transport} vocab={args.vocab} dtype={args.dtype} "
+          f"divergence_check={not args.no_check} (rank 0, medians)")
     print(" | ".join(f"{k:>14s}" for k in keys))
     for r in rows:
         print(" | ".join(f"{r[k]:14.1f}" for k in keys))
+    print("kernels of the decode-loop step (rank 0, mean device µs per step)")
+    for n in batches:
+        mine = [k for k in kernels if k["batch"] == n]
+        print(f"batch {n}: total {sum(k['us'] for k in mine):.1f} µs")
+        for k in mine:
+            print(f"  {k['us']:8.1f}  {k['kernel'][:100]}")
 
 
 if __name__ == "__main__":

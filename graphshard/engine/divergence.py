@@ -6,8 +6,10 @@ inputs (`graphshard.plan.staging`), so the step's copy brings them to the device
 inputs and its kernels read them from device memory (a kernel's read of pinned host memory is a
 round trip over the host link). The device's digest is [step, inputs, slots, spare] as int64:
 - step: the step number the device fetched;
-- inputs: CRC-32 of the replicated arrays, plus flags in the high word (bitmask on, drafts
-  given, and "refused": this rank refused the batch for a slot that holds no request here);
+- inputs: a 32-bit hash of the replicated arrays the device fetched, computed by the kernel
+  that sends the digest (`inputs_digest`; the host's cost does not grow with the batch), plus
+  flags the host sets in the high word (bitmask on, drafts given, and "refused": this rank
+  refused the batch for a slot that holds no request here);
 - slots: the XOR of per-slot hashes of (slot, params) that `add_request`/`remove_request`
   maintain (`graphshard.engine.agreement.SlotDigest`).
 The captured step exchanges the digests (p2p: pushed with the rows; nccl/gloo: appended to the
@@ -20,16 +22,15 @@ Nothing syncs with the host and nothing branches on the host inside the step.
 
 from __future__ import annotations
 
-import zlib
-
 import numpy as np
 import torch
 import triton
 import triton.language as tl
 
 from graphshard.errors import RankDivergenceError
-from graphshard.plan.staging import Staging
+from graphshard.plan.staging import HEADER, Staging, meta_offset, signal_done
 from graphshard.runtime.launch import launch
+from graphshard.sample.rng import GOLDEN, mix32, mix32_np, token_bits, token_bits_np
 
 DIGEST_WORDS = 4  # int64: step, inputs, slots, spare
 DIGEST_INT32 = 2 * DIGEST_WORDS  # the same digest in int32 words (as a record gather carries it)
@@ -42,13 +43,51 @@ NOT_REFUSED = tl.constexpr(~_REFUSED)
 DIGEST_SIZE = tl.constexpr(DIGEST_WORDS)
 
 
+_LENGTH_KEY = 0x7F4A7C15  # keys the batch size into the inputs hash
+_LENGTH_KEY_C, _GOLDEN_C = tl.constexpr(_LENGTH_KEY), tl.constexpr(GOLDEN)
+_META_HEADER = tl.constexpr(HEADER)
+_HASH_BLOCK = tl.constexpr(512)
+
+
 @triton.jit
-def load_digest(header_ptr):
-    """This rank's digest [DIGEST_WORDS] int64 of the running step, from the staged header
-    `header_ptr` (int64 [step, num_reqs | bitmask_on, inputs, slots], device memory)."""
+def load_digest(meta_ptr, max_num_reqs):
+    """This rank's digest [DIGEST_WORDS] int64 of the running step, from the fetched inputs
+    `meta_ptr` (int64 view of `Staging.meta`: header [step, num_reqs | bitmask_on, inputs,
+    slots], then the arrays). Runs in one program."""
     words = tl.arange(0, 4)
-    # [step, inputs, slots, spare = 0]
-    return tl.load(header_ptr + tl.where(words == 0, 0, words + 1), mask=words < 3, other=0)
+    # [step, host flags, slots, spare = 0]
+    head = tl.load(meta_ptr + tl.where(words == 0, 0, words + 1), mask=words < 3, other=0)
+    hashed = inputs_digest(meta_ptr.to(tl.pointer_type(tl.int32)), max_num_reqs)
+    return tl.where(words == 1, head | hashed.to(tl.int64), head)
+
+
+@triton.jit
+def inputs_digest(meta_ptr, max_num_reqs):
+    """uint32 hash of the step's idx_mapping, cu_num_logits and seq_lens as fetched into `meta`
+    (int32), in their packed order [idx n | cu n+1 | lens n]. Each word is hashed under a key of
+    its position and the hashes are XORed, so a change to any one word always changes it; the
+    batch size is keyed in last. `inputs_digest_np` is the reference."""
+    n = tl.load(meta_ptr + 2)
+    used = 3 * n + 1
+    acc = tl.zeros([_HASH_BLOCK], tl.uint32)
+    start = 0
+    while start < used:
+        offs = start + tl.arange(0, _HASH_BLOCK)
+        live = offs < used
+        w = tl.load(meta_ptr + _META_HEADER + meta_offset(offs, n, max_num_reqs), mask=live,
+                    other=0)
+        h = token_bits(mix32(offs.to(tl.uint32) ^ _GOLDEN_C), w)
+        acc = acc ^ tl.where(live, h, tl.zeros_like(h))
+        start += _HASH_BLOCK
+    return mix32(tl.xor_sum(acc, 0) ^ mix32(n.to(tl.uint32) ^ _LENGTH_KEY_C))
+
+
+def inputs_digest_np(idx: np.ndarray, cu: np.ndarray, lens: np.ndarray) -> int:
+    """NumPy reference of `inputs_digest`."""
+    words = np.concatenate([idx, cu, lens]).astype(np.int32)
+    h = token_bits_np(mix32_np(np.arange(words.size) ^ GOLDEN), words)
+    return int(mix32_np(np.bitwise_xor.reduce(h, initial=np.uint32(0)) ^
+                        mix32_np(np.uint32(idx.size) ^ np.uint32(_LENGTH_KEY))))
 
 
 @triton.jit
@@ -106,19 +145,23 @@ def judge(digests_ptr, rank_stride, verdicts_address_ptr, seq_ptr, WORLD_SIZE: t
 
 # Where a record gather carries the digests, their place depends on the step's capacity: one
 # compiled variant serves every capacity.
-@triton.jit(do_not_specialize_on_alignment=["out_ptr"])
-def _seal_kernel(header_ptr, out_ptr):
+@triton.jit(do_not_specialize=["max_num_reqs"], do_not_specialize_on_alignment=["out_ptr"])
+def _seal_kernel(meta_ptr, max_num_reqs, out_ptr):
     # [DIGEST_WORDS] int64 as little-endian int32 pairs: a record row need not be 8-byte aligned.
-    digest = load_digest(header_ptr)
+    digest = load_digest(meta_ptr, max_num_reqs)
     words = tl.arange(0, 4)
     tl.store(out_ptr + 2 * words, (digest & 0xFFFFFFFF).to(tl.int32))
     tl.store(out_ptr + 2 * words + 1, (digest >> 32).to(tl.int32))
 
 
 @triton.jit(do_not_specialize=["rank_stride"], do_not_specialize_on_alignment=["digests_ptr"])
-def _judge_kernel(digests_ptr, rank_stride, verdicts_address_ptr, seq_ptr,
-                  WORLD_SIZE: tl.constexpr, WORLD_POW2: tl.constexpr):
+def _judge_kernel(digests_ptr, rank_stride, verdicts_address_ptr, seq_ptr, done_address_ptr,
+                  last_ptr, WORLD_SIZE: tl.constexpr, WORLD_POW2: tl.constexpr,
+                  DONE: tl.constexpr):
     judge(digests_ptr, rank_stride, verdicts_address_ptr, seq_ptr, WORLD_SIZE, WORLD_POW2)
+    if DONE:
+        # The step's last kernel too: `judge` made a verdict visible before this done word.
+        signal_done(done_address_ptr, seq_ptr, last_ptr)
 
 
 class DivergenceCheck:
@@ -127,15 +170,13 @@ class DivergenceCheck:
     `begin` runs on the step's host path (no device call, no buffer allocated); `check` reads the
     pinned verdict row of a step once it has finished."""
 
-    def __init__(self, rank: int, world_size: int, device: torch.device, staging: Staging,
-                 one_row: bool):
+    def __init__(self, rank: int, world_size: int, device: torch.device, staging: Staging):
         pinned = device.type == "cuda"
         self.rank, self.world_size, self.device = rank, world_size, device
         self.staging = staging  # the step's staged inputs, whose header carries the digest
         # The running step's staged header on the device: int64 [step, num_reqs | bitmask_on,
         # inputs, slots]; its first word is the step number.
         self.header = staging.header
-        self._one_row = one_row  # then cu_num_logits is always 0..n: nothing to hash
         self.verdicts = torch.full((2, VERDICT_WORDS), -1, dtype=torch.int64, pin_memory=pinned)
         self._verdicts = self.verdicts.numpy()
         # Where the kernels write a verdict: the pinned rows' address, on the device.
@@ -144,7 +185,7 @@ class DivergenceCheck:
         self.reported = -1  # the last step whose divergence (or refusal) was raised
 
     # -- host path ----------------------------------------------------------------------------
-    def begin(self, step: int, idx, cu, lens, slots: int, faults, flags: int) -> None:
+    def begin(self, step: int, slots: int, faults, flags: int) -> None:
         """Step `step`'s host part, after `faults.admit(step)`: on CUDA, raise first for a finished
         step (step - 2: admit waited for it) judged divergent that no call has raised for yet,
         so its tokens never pass unnoticed; then seal this step's digest."""
@@ -152,7 +193,7 @@ class DivergenceCheck:
                 and self._verdicts[step & 1, 0] == step - 2:
             faults.abandon(step)
             self.check(step - 2)
-        self.seal(step, idx, cu, lens, slots, flags)
+        self.seal(step, slots, flags)
 
     def settle_refusal(self, step: int, refusal: Exception, wait) -> None:
         """This rank refused step `step` for a slot it holds no request in and ran the step only
@@ -164,15 +205,11 @@ class DivergenceCheck:
         self.reported = max(self.reported, step)
         raise refusal
 
-    def seal(self, step: int, idx: np.ndarray, cu: np.ndarray, lens: np.ndarray, slots: int,
-             flags: int) -> None:
-        """Write step `step`'s digest into its staging row (step - 2 has finished: the row is
-        free). Warm-up, capture and timing runs stage digests of 0 (`Staging.write_both`)."""
-        try:
-            h = digest_arrays(idx, cu, lens, self._one_row)
-        except BufferError:  # a non-contiguous array on the exact-check path
-            h = digest_arrays(*(np.ascontiguousarray(a) for a in (idx, cu, lens)), self._one_row)
-        self.staging.write_digest(step, h | flags, slots)
+    def seal(self, step: int, slots: int, flags: int) -> None:
+        """Write step `step`'s host part of the digest into its staging row (step - 2 has
+        finished: the row is free); the device hashes the arrays it fetched. Warm-up, capture
+        and timing runs stage host parts of 0 (`Staging.write_both`)."""
+        self.staging.write_digest(step, flags, slots)
 
     @staticmethod
     def flags(bitmask_on: bool, drafts: bool, refused: bool = False) -> int:
@@ -209,19 +246,16 @@ class DivergenceCheck:
     def seal_on_device(self, out: torch.Tensor) -> None:
         """This rank's digest into `out` (int32, >= DIGEST_INT32 contiguous words), for the
         step's gather to carry (graph-safe)."""
-        launch(_seal_kernel, (1,), self.header, out)
+        launch(_seal_kernel, (1,), self.header, self.staging.max_num_reqs, out)
 
-    def judge_gathered(self, gathered: torch.Tensor, rank_stride: int) -> None:
+    def judge_gathered(self, gathered: torch.Tensor, rank_stride: int, done=None) -> None:
         """Judge every rank's digest in `gathered` (int32; rank r's at word r * rank_stride) and
-        write the verdict (graph-safe)."""
+        write the verdict (graph-safe). With `done` (a `Staging`) the same kernel then ends the
+        step, so judging adds no kernel to a step that ends here."""
+        address, _, last = done.done_args() if done is not None else (self.header,) * 3
         launch(_judge_kernel, (1,), gathered, rank_stride, self.verdicts_address, self.header,
-               WORLD_SIZE=self.world_size, WORLD_POW2=triton.next_power_of_2(self.world_size))
-
-
-def digest_arrays(idx: np.ndarray, cu: np.ndarray, lens: np.ndarray, one_row: bool) -> int:
-    """CRC-32 of the replicated int32 arrays (cu_num_logits left out where it is always 0..n)."""
-    h = zlib.crc32(lens, zlib.crc32(idx))
-    return h if one_row else zlib.crc32(cu, h)
+               address, last, WORLD_SIZE=self.world_size,
+               WORLD_POW2=triton.next_power_of_2(self.world_size), DONE=done is not None)
 
 
 def _ranks(mask) -> list[int]:

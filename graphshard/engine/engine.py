@@ -163,8 +163,7 @@ class Engine:
         self.agreement = AgreementCheck(self.group, self.tp_rank, self.tp_size, self.device,
                                         cfg.timeout_s) if multi and cfg.check_agreement else None
         self.divergence = DivergenceCheck(self.tp_rank, self.tp_size, self.device,
-                                          self.inputs.staged, self._one_row) \
-            if multi and cfg.divergence_check else None
+                                          self.inputs.staged) if multi and cfg.divergence_check else None
         self._digest_slots = self.agreement is not None or self.divergence is not None
         reporter = self.faults.reporter
         self.rendezvous = Rendezvous(reporter.store, reporter.prefix, self.tp_rank, self.tp_size,
@@ -387,21 +386,21 @@ class Engine:
         idx, cu, lens, refusal = self._check_step(idx_mapping, cu_num_logits, seq_lens, logits,
                                                   draft_token_ids, grammar_bitmask)
         n = idx.shape[0]
-        step = self._admit(idx, cu, lens, refusal, draft_token_ids, grammar_bitmask)
+        step = self._admit(refusal, draft_token_ids, grammar_bitmask)
         self._stage(step, idx, cu, lens, logits, draft_token_ids, grammar_bitmask)
         route = self._routes[n] if n < len(self._routes) else None
         self._run(step, route, idx, cu)
         self._settle(step, refusal)
         return route.out if route is not None else self._outputs(n)
 
-    def _admit(self, idx, cu, lens, refusal, drafts, bitmask) -> int:
+    def _admit(self, refusal, drafts, bitmask) -> int:
         """Admit the next step to the fault guard and, with the divergence check, seal what the
         ranks must agree on; returns the step number."""
         step = self.steps
         self.faults.admit(step)
         divergence = self.divergence
         if divergence is not None:
-            divergence.begin(step, idx, cu, lens, self.slot_digest.value, self.faults,
+            divergence.begin(step, self.slot_digest.value, self.faults,
                              divergence.flags(bitmask is not None, drafts is not None,
                                               refusal is not None))
         return step

@@ -88,11 +88,17 @@ def fetch_row(rows_ptr, meta_ptr, last_ptr, max_num_reqs, row_words64, first, st
         offs = start + tl.arange(0, BLOCK)
         live = offs < used
         v = tl.load(words + offs, mask=live, other=0)
-        dst = tl.where(offs < n, offs,
-                       tl.where(offs <= 2 * n, offs - n + max_num_reqs,
-                                offs - 2 * n - 1 + 2 * max_num_reqs + 1))
-        tl.store(meta_ptr + _HEADER + dst, v, mask=live)
+        tl.store(meta_ptr + _HEADER + meta_offset(offs, n, max_num_reqs), v, mask=live)
         start += stride
+
+
+@triton.jit
+def meta_offset(offs, n, max_num_reqs):
+    """Where packed word `offs` of a step's [idx n | cu n+1 | lens n] sits in meta's fixed layout
+    [idx N | cu N+1 | lens N] (after the header)."""
+    return tl.where(offs < n, offs,
+                    tl.where(offs <= 2 * n, offs - n + max_num_reqs,
+                             offs - 2 * n - 1 + 2 * max_num_reqs + 1))
 
 
 @triton.jit(do_not_specialize=["max_num_reqs", "row_words64"])

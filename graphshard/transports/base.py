@@ -166,18 +166,18 @@ class Transport(ABC):
         `agree` and raises `done` (if given). p2p adds a barrier."""
         self._check_ready()
         if agree is not None:
-            self.agree(agree)
-        if done is not None:
+            self.agree(agree, done)
+        elif done is not None:
             done.signal_done()
 
-    def agree(self, check) -> None:
+    def agree(self, check, done=None) -> None:
         """Exchange and judge the step's digests in a step without a record gather (replicate;
-        graph-safe): one all-gather of 32 bytes per rank. A padded gather carries them with the
-        records; p2p pushes them with its rows."""
+        graph-safe): one all-gather of 32 bytes per rank; the judge ends the step if `done` is
+        given. A padded gather carries them with the records; p2p pushes them with its rows."""
         check.seal_on_device(self._digest_send)
         finish(all_gather_single(self._digest_all, self._digest_send, group=self.group,
                                  async_op=True), self.device, self._wait_timeout)
-        check.judge_gathered(self._digest_all, DIGEST_INT32)
+        check.judge_gathered(self._digest_all, DIGEST_INT32, done)
 
     @abstractmethod
     def barrier(self) -> None: ...

@@ -189,7 +189,7 @@ def _sync(signal_ptrs_ptr, status_ptr, slot, rank, timeout_ns, MAX_BLOCKS: tl.co
                   WORLD_SIZE)
 
 
-@triton.jit(do_not_specialize=["num_rows", "timeout_ns"])
+@triton.jit(do_not_specialize=["num_rows", "max_num_reqs", "timeout_ns"])
 def _push_rows_kernel(
     src_ptr,  # [>= rows, VOCAB_SHARD] this rank's vocab columns, batch row order
     src_row_stride,
@@ -199,7 +199,8 @@ def _push_rows_kernel(
     dst_ptrs_ptr,  # [T] int64: each rank's receive buffer [max_num_rows, T * VOCAB_SHARD]
     signal_ptrs_ptr,  # [T] int64: each rank's signal pad [channels, MAX_BLOCKS, T]
     status_ptr,  # [4] int32: fault status (see _record_fault)
-    header_ptr,  # AGREE: the step's staged header, int64 (graphshard.engine.divergence.load_digest)
+    meta_ptr,  # AGREE: the step's fetched inputs, int64 (graphshard.engine.divergence.load_digest)
+    max_num_reqs,  # AGREE: their layout's N
     digest_ptrs_ptr,  # AGREE: [T] int64: each rank's digest buffer [T, DIGEST_WORDS] int64
     rank,
     timeout_ns,
@@ -223,7 +224,7 @@ def _push_rows_kernel(
         # 32 bytes to every rank, landed by this kernel's end barrier. The last program has the
         # least row work at small batches.
         if pid == num_programs - 1:
-            _push_digest(header_ptr, digest_ptrs_ptr, rank, WORLD_SIZE)
+            _push_digest(meta_ptr, max_num_reqs, digest_ptrs_ptr, rank, WORLD_SIZE)
 
     num_chunks = (VOCAB_SHARD + BLOCK - 1) // BLOCK
     peers = tl.arange(0, WORLD_POW2)
@@ -262,9 +263,9 @@ def _push_rows_kernel(
 
 
 @triton.jit
-def _push_digest(header_ptr, digest_ptrs_ptr, rank, WORLD_SIZE: tl.constexpr):
+def _push_digest(meta_ptr, max_num_reqs, digest_ptrs_ptr, rank, WORLD_SIZE: tl.constexpr):
     words = tl.arange(0, DIGEST_SIZE)
-    digest = load_digest(header_ptr)
+    digest = load_digest(meta_ptr, max_num_reqs)
     for peer in tl.static_range(WORLD_SIZE):
         dst = tl.load(digest_ptrs_ptr + peer).to(tl.pointer_type(tl.int64))
         tl.store(dst + rank * DIGEST_SIZE + words, digest)
@@ -578,8 +579,8 @@ class P2PTransport(Transport):
     # -- launchers --------------------------------------------------------------------------
     def _push_rows(self, logits_shard, send_rows, row_offsets, *, num_rows: int, all_rows: bool,
                    fenced: bool, agree=None):
-        digest_args = (agree.header, self._digest_ptrs) if agree is not None \
-            else (self._no_done,) * 2
+        digest_args = (agree.header, agree.staging.max_num_reqs, self._digest_ptrs) \
+            if agree is not None else (self._no_done, 0, self._no_done)
         launch(_push_rows_kernel, (self.num_blocks,),
                logits_shard, logits_shard.stride(0), send_rows, row_offsets, num_rows,
                self._recv_ptrs, self._signal_ptrs, self._status, *digest_args, self.tp_rank,

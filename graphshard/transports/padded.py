@@ -114,10 +114,10 @@ class PaddedTransport(Transport):
             agree.seal_on_device(send[capacity_reqs:])
         gathered = self._gathered[:self.tp_size * rows]
         self._all_gather(gathered, send)
-        if agree is not None:
-            agree.judge_gathered(gathered[capacity_reqs:], rows * self.record_width)
         torch.index_select(gathered, 0, plan.gathered_src_indices[:num_out], out=out[:num_out])
-        if done is not None:
+        if agree is not None:  # judged by the kernel that ends the step, if it ends here
+            agree.judge_gathered(gathered[capacity_reqs:], rows * self.record_width, done)
+        elif done is not None:
             done.signal_done()
         return out
 

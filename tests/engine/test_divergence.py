@@ -10,7 +10,8 @@ import torch
 
 from graphshard.config import Config
 from graphshard.harness.distributed import spawn
-from graphshard.engine.divergence import DivergenceCheck, digest_arrays
+from graphshard.engine.divergence import DIGEST_INT32, DivergenceCheck, inputs_digest_np
+from graphshard.plan.staging import Staging
 from graphshard.engine import Engine
 from graphshard.errors import InvalidBatchError
 from graphshard.sample.params import SamplingParams
@@ -119,12 +120,45 @@ def test_every_divergence_raises_on_every_rank_and_no_wrong_token_passes(transpo
     check_outcomes(*spawn(diverging_run, 2, cfg, timeout_s=300))
 
 
-def test_the_digest_sees_every_replicated_array():
-    idx, cu, lens = np.arange(3, dtype=np.int32), np.arange(4, dtype=np.int32), np.zeros(3, np.int32)
-    base = digest_arrays(idx, cu, lens, one_row=False)
-    assert digest_arrays(idx, cu, lens + 1, one_row=False) != base
-    assert digest_arrays(idx[::-1].copy(), cu, lens, one_row=False) != base
-    assert digest_arrays(idx, np.array([0, 2, 3, 4], np.int32), lens, one_row=False) != base
+def _sealed_inputs_word(idx, cu, lens, flags: int = 0) -> int:
+    """The inputs word of the digest the device seals after fetching this batch (staged as step
+    3, host flags `flags`)."""
+    staging = Staging(max_num_reqs=8, max_num_logits_per_req=4, device=torch.device("cpu"))
+    check = DivergenceCheck(0, 2, torch.device("cpu"), staging)
+    check.seal(3, slots=77, flags=flags)
+    staging.write(3, idx, cu, lens, False)
+    staging.fetch()
+    out = torch.zeros(DIGEST_INT32, dtype=torch.int32)
+    check.seal_on_device(out)
+    words = out.view(torch.int64).tolist()
+    assert words[0] == 3 and words[2] == 77 and words[3] == 0  # step, slots, spare
+    return words[1]
+
+
+def test_the_device_digest_equals_its_reference_and_sees_every_replicated_word():
+    rng = np.random.default_rng(5)
+    seen = set()
+    for n in (0, 1, 3, 8):
+        idx = rng.permutation(8)[:n].astype(np.int32)
+        cu = np.concatenate([[0], np.cumsum(rng.integers(1, 5, n))]).astype(np.int32)
+        lens = rng.integers(0, 2**31 - 1, n).astype(np.int32)
+        base = _sealed_inputs_word(idx, cu, lens)
+        assert base == inputs_digest_np(idx, cu, lens), n
+        seen.add(base)
+        # Any one word changed, anywhere in the three arrays, changes the digest.
+        words = np.concatenate([idx, cu, lens])
+        for i in range(words.size):
+            changed = words.copy()
+            changed[i] ^= 1 << int(rng.integers(0, 31))
+            a, c, l = np.split(changed, [n, 2 * n + 1])
+            assert inputs_digest_np(a, c, l) != base, (n, i)
+    assert len(seen) == 4  # batch sizes differ too
+    # Two rows swapped: the same words in another order.
+    idx, cu, lens = np.array([1, 2], np.int32), np.arange(3, dtype=np.int32), np.array([7, 9], np.int32)
+    assert inputs_digest_np(idx[::-1], cu, lens) != inputs_digest_np(idx, cu, lens)
+    # The host's flags ride above the 32-bit hash.
+    flags = DivergenceCheck.flags(True, False, refused=True)
+    assert _sealed_inputs_word(idx, cu, lens, flags) == inputs_digest_np(idx, cu, lens) | flags
     assert DivergenceCheck.flags(True, False) != DivergenceCheck.flags(False, False)
 
 
