@@ -114,14 +114,17 @@ def _divergence_kernels(tmp: str) -> list[dict]:
                   AGREE=True, BLOCK=4096)
     records_c = dict(world, WIDTH=4, WIDTH_POW2=4, REQ_TILE=32, MAX_BLOCKS=256, CHANNEL=2,
                      FENCE_BEFORE=False, DONE=True, AGREE=True)
+    judge_c = dict(world, DONE=True)  # judges, then ends the step
     i32 = "*i32"
     return [
-        _compile(_seal_kernel, args(_seal_kernel, {}, out_ptr=i32), {}, 1, tmp),
-        _compile(_judge_kernel, args(_judge_kernel, world, digests_ptr=i32, rank_stride="i32"),
-                 world, 1, tmp),
+        _compile(_seal_kernel, args(_seal_kernel, {}, out_ptr=i32, max_num_reqs="i32"), {}, 4,
+                 tmp),
+        _compile(_judge_kernel, args(_judge_kernel, judge_c, digests_ptr=i32, rank_stride="i32"),
+                 judge_c, 1, tmp),
         _compile(_push_rows_kernel, args(
             _push_rows_kernel, rows_c, src_ptr="*fp32", src_row_stride="i32", send_rows_ptr=i32,
-            row_offsets_ptr=i32, num_rows="i32", status_ptr=i32, rank="i32", timeout_ns="i64"),
+            row_offsets_ptr=i32, num_rows="i32", status_ptr=i32, max_num_reqs="i32", rank="i32",
+            timeout_ns="i64"),
             rows_c, 8, tmp),
         _compile(_push_records_kernel, args(
             _push_records_kernel, records_c, records_ptr=i32, records_row_stride="i32",

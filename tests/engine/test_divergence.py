@@ -13,7 +13,7 @@ from graphshard.harness.distributed import spawn
 from graphshard.engine.divergence import DIGEST_INT32, DivergenceCheck, inputs_digest_np
 from graphshard.plan.staging import Staging
 from graphshard.engine import Engine
-from graphshard.errors import InvalidBatchError
+from graphshard.errors import InvalidBatchError, RankDivergenceError
 from graphshard.sample.params import SamplingParams
 
 CFG = Config(vocab_size=40, vocab_pad_multiple=8, max_num_reqs=4, max_num_logits_per_req=2,
@@ -120,29 +120,31 @@ def test_every_divergence_raises_on_every_rank_and_no_wrong_token_passes(transpo
     check_outcomes(*spawn(diverging_run, 2, cfg, timeout_s=300))
 
 
-def _sealed_inputs_word(idx, cu, lens, flags: int = 0) -> int:
+def sealed_inputs_word(idx, cu, lens, flags: int = 0, device=torch.device("cpu")) -> int:
     """The inputs word of the digest the device seals after fetching this batch (staged as step
     3, host flags `flags`)."""
-    staging = Staging(max_num_reqs=8, max_num_logits_per_req=4, device=torch.device("cpu"))
-    check = DivergenceCheck(0, 2, torch.device("cpu"), staging)
+    staging = Staging(max_num_reqs=8, max_num_logits_per_req=4, device=device)
+    check = DivergenceCheck(0, 2, device, staging)
     check.seal(3, slots=77, flags=flags)
     staging.write(3, idx, cu, lens, False)
     staging.fetch()
-    out = torch.zeros(DIGEST_INT32, dtype=torch.int32)
+    out = torch.zeros(DIGEST_INT32, dtype=torch.int32, device=device)
     check.seal_on_device(out)
     words = out.view(torch.int64).tolist()
     assert words[0] == 3 and words[2] == 77 and words[3] == 0  # step, slots, spare
     return words[1]
 
 
-def test_the_device_digest_equals_its_reference_and_sees_every_replicated_word():
+def test_the_device_digest_equals_its_reference_and_sees_every_replicated_word(device="cpu"):
+    """Also run on a GPU by tests/gpu/test_kernels_gpu.py."""
+    device = torch.device(device)
     rng = np.random.default_rng(5)
     seen = set()
     for n in (0, 1, 3, 8):
         idx = rng.permutation(8)[:n].astype(np.int32)
         cu = np.concatenate([[0], np.cumsum(rng.integers(1, 5, n))]).astype(np.int32)
         lens = rng.integers(0, 2**31 - 1, n).astype(np.int32)
-        base = _sealed_inputs_word(idx, cu, lens)
+        base = sealed_inputs_word(idx, cu, lens, device=device)
         assert base == inputs_digest_np(idx, cu, lens), n
         seen.add(base)
         # Any one word changed, anywhere in the three arrays, changes the digest.
@@ -158,8 +160,32 @@ def test_the_device_digest_equals_its_reference_and_sees_every_replicated_word()
     assert inputs_digest_np(idx[::-1], cu, lens) != inputs_digest_np(idx, cu, lens)
     # The host's flags ride above the 32-bit hash.
     flags = DivergenceCheck.flags(True, False, refused=True)
-    assert _sealed_inputs_word(idx, cu, lens, flags) == inputs_digest_np(idx, cu, lens) | flags
+    assert sealed_inputs_word(idx, cu, lens, flags, device) == inputs_digest_np(idx, cu, lens) | flags
     assert DivergenceCheck.flags(True, False) != DivergenceCheck.flags(False, False)
+
+
+def test_the_judge_that_ends_a_step_writes_the_verdict_before_the_done_word(device="cpu"):
+    """The padded transports' judge kernel with `done`: rank 1's gathered digest differs in its
+    inputs, so step 3's verdict row names it, and the step's done word says 3. Also run on a GPU
+    by tests/gpu/test_kernels_gpu.py."""
+    device = torch.device(device)
+    staging = Staging(max_num_reqs=8, max_num_logits_per_req=4, device=device)
+    check = DivergenceCheck(0, 2, device, staging)
+    check.seal(3, slots=77, flags=0)
+    idx, cu, lens = np.array([4, 1], np.int32), np.arange(3, dtype=np.int32), np.array([5, 6], np.int32)
+    staging.write(3, idx, cu, lens, False)
+    staging.fetch()
+    gathered = torch.zeros(2 * DIGEST_INT32, dtype=torch.int32, device=device)
+    check.seal_on_device(gathered[:DIGEST_INT32])
+    check.seal_on_device(gathered[DIGEST_INT32:])
+    gathered[DIGEST_INT32 + 2] += 1  # rank 1's inputs word
+    check.judge_gathered(gathered, DIGEST_INT32, done=staging)
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    assert staging.finished() == 3
+    with pytest.raises(RankDivergenceError, match=r"step 3 .*ranks \[1\] differ from rank 0 in "
+                                                  r"their replicated step inputs"):
+        check.check(3)
 
 
 def test_the_check_is_on_by_default_and_a_preset_can_turn_it_off(tmp_path):

@@ -133,3 +133,16 @@ def test_sampler_equals_float64_reference(vocab, dtype, K, M):
         np.testing.assert_array_equal(out.sampled_rank.numpy(), ref["sampled_rank"])
         finite = np.isfinite(ref["topk_logprobs"])
         np.testing.assert_allclose(out.topk_logprobs.numpy()[finite], ref["topk_logprobs"][finite], atol=1e-3)
+
+
+def test_divergence_digest_equals_its_reference():
+    """The inputs hash and the seal kernel, compiled: the same words as the NumPy reference."""
+    from tests.engine.test_divergence import (
+        test_the_device_digest_equals_its_reference_and_sees_every_replicated_word as check)
+    check(device="cuda")
+
+
+def test_divergence_judge_that_ends_a_step():
+    from tests.engine.test_divergence import (
+        test_the_judge_that_ends_a_step_writes_the_verdict_before_the_done_word as check)
+    check(device="cuda")
