@@ -48,7 +48,8 @@ flag, the clock, the status word) is one value per program, so its warps never p
 it (they meet at block-wide barriers inside the loop).
 
 Divergence check (`agree`, `graphshard.engine.divergence`). The last program of the step's row
-push stores this rank's 32-byte digest (read from the staged header in device memory) into every
+push computes this rank's 32-byte digest (the staged header's words and a hash of the fetched
+arrays, all in device memory) and stores it into every
 rank's digest slot before the push's end barrier; the last program of the kernel that ends the
 step judges the landed digests before that kernel's end barrier. No
 peer pushes the next step's digest before this rank has arrived at that barrier, so one slot per
