@@ -22,8 +22,9 @@ maximum published so far bounds the row's maximum from below, so a chunk capture
 above that bound (with the finish's rounding) and reports a floor of -inf: nothing a threshold
 can keep was left out.
 
-A pool that fits one tile is sorted once (`sorted_thresholds`, `top_raw`); in a larger one the
-top-p threshold is found by pivots (`search_mass`), a top-k threshold a radix digit per pass
+A pool that fits one tile is sorted once (`sorted_thresholds`, `top_raw`); so are the draw's
+thresholds of a pool that fits two (`resolve.draw_from_pool`). In a larger one the top-p
+threshold is found by pivots (`search_mass`), a top-k threshold a radix digit per pass
 (`search_pool`), and the top-K logprobs by a running top-K over its tiles (`top_raw`).
 
 Pool entries are (logit bits, id with bit 31 set when the bitmask disallows the token).
@@ -47,7 +48,10 @@ SHORT_POOL = tl.constexpr(256)
 PIVOTS = tl.constexpr(16)
 SORT_LIMIT = tl.constexpr(1024)
 # Pivots of a chunk's one-pass floor refinement (`refine_floor`): at V = 152064, top-k 50, 32
-# kept 24 rows' pools under the finish's 1024-entry sort where 16 let 8% of them past it.
+# kept 24 rows' pools under the finish's 1024-entry sort where 16 let 8% of them past it. On an
+# H200 (BENCHMARKS.md) 32 made every capture scan 7-9 % slower from batch 256 up and spared the
+# top-k finish its radix search at 256; the two-tile sort of the draw now spares it that too,
+# which may make 16 the better count (not yet timed).
 FLOOR_PIVOTS = tl.constexpr(32)
 
 

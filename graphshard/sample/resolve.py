@@ -151,8 +151,8 @@ def draw_from_pool(pool_x, pool_id, n_pool, floor_x, norm, key, inv_temp, max_s,
                    RADIX_BITS: tl.constexpr):
     """Filtered Gumbel-max draw from the pool when every kept token is in it -> (drawn, token
     (0 when not drawn), min-p threshold, top-k settled). `floor_x` is the largest chunk floor, `norm` the row's
-    total mass exp(s - max_s) (the top-p norm without top-k). A pool that fits one tile is
-    sorted once; a larger one is searched a digit per pass."""
+    total mass exp(s - max_s) (the top-p norm without top-k). A pool that fits two tiles is
+    sorted once; a larger one is searched (`searched_thresholds`)."""
     n_cand = tl.maximum(tl.minimum(n_pool, CAP), 0)
     whole = n_pool <= CAP  # every capture reached the pool
     below = floor_score(floor_x, inv_temp)  # the best score an uncaptured token can have
@@ -163,6 +163,11 @@ def draw_from_pool(pool_x, pool_id, n_pool, floor_x, norm, key, inv_temp, max_s,
     elif n_cand <= TILE:
         thr, k_ok, ok = sorted_thresholds(pool_x, pool_id, n_cand, whole, all_in, below, norm,
                                           inv_temp, max_s, top_k, top_p, VOCAB, TILE)
+    elif (CAP > TILE) & (n_cand <= 2 * TILE):
+        # A pool just past one tile (a shared cut refined in one pass can leave a few more than
+        # 1024 entries): one sort of two tiles, where the searches take 8 or more passes.
+        thr, k_ok, ok = sorted_thresholds(pool_x, pool_id, n_cand, whole, all_in, below, norm,
+                                          inv_temp, max_s, top_k, top_p, VOCAB, 2 * TILE)
     else:
         thr, k_ok, ok = searched_thresholds(pool_x, pool_id, n_cand, whole, all_in, below, norm,
                                             inv_temp, max_s, top_k, top_p, VOCAB, CAP, TILE,

@@ -905,10 +905,14 @@ def test_every_path_settles_rows_exactly():
     assert paths["draw_fallback"] == 4 and paths["logprobs_fallback"] == 4
 
 
-def test_top_p_pivot_search_settles_large_pools():
-    """Pools larger than a sort tile with room behind them: the top-p threshold comes from the
-    pivot pass and the sorted interval (`candidates.search_mass`), alone and after a top-k above
-    the pool's small bound, and equals the reference with no row off the candidate path."""
+@pytest.mark.parametrize("chunk", [2048, 4096])
+def test_pools_past_one_sort_tile_settle_from_candidates(chunk):
+    """Pools larger than a sort tile with room behind them, alone and after a top-k above the
+    pool's small bound, equal the reference with no row off the candidate path. With 2048-column
+    chunks these rows pool 2102-2185 entries of 4096: the top-p threshold comes from the pivot
+    pass and the sorted interval (`candidates.search_mass`). With 4096-column chunks they pool
+    1038-1192 entries of 2048: one sort of two tiles (`resolve.draw_from_pool`). (Pool sizes read
+    on CPU with the finish instrumented.)"""
     rs = np.random.default_rng(31)
     vocab, padded = 16000, 16384
     b = adversarial_batch(rs, ["flat"] * 4, vocab, padded)
@@ -916,5 +920,5 @@ def test_top_p_pivot_search_settles_large_pools():
                 SamplingParams(temperature=0.8, top_p=0.5, seed=2, num_logprobs=2),
                 SamplingParams(temperature=1.3, top_k=400, top_p=0.8, seed=3),
                 SamplingParams(temperature=0.5, top_p=0.95, seed=4)]
-    paths = run_adversarial(b, vocab=vocab, chunk=2048, block=1024)
+    paths = run_adversarial(b, vocab=vocab, chunk=chunk, block=1024)
     assert paths == {"draw_fallback": 0, "logprobs_fallback": 0, "counted": 0}
