@@ -21,7 +21,8 @@ idx_mapping n | cu_num_logits n+1 | seq_lens n | unused], packed by the step's o
 reads its header, then only the 3n + 1 words the step uses, and spreads them into meta's fixed
 layout [header | idx_mapping N | cu_num_logits N+1 | seq_lens N] (N = max_num_reqs), which the
 step's kernels read. The digest words are the divergence check's (`graphshard.engine.divergence`:
-the step's inputs and slot-table digests), so its kernels read them from device memory too. A
+the host's flags for the inputs word, whose hash the device adds from the fetched arrays, and
+the slot-table digest), so its kernels read them from device memory too. A
 row being rewritten while a step copies it is never the one that step takes.
 Measured on an H200 (benchmarks/profile_kernels.py): a fetch kernel reading the rows from host
 memory itself took ~31-33 µs per step whatever it read (each dependent host read is a round trip).
@@ -38,7 +39,7 @@ import triton.language as tl
 
 from graphshard.runtime.launch import launch
 
-HEADER = 8  # step (2 words), num_reqs, bitmask_on, digests of the inputs and the slots (2 each)
+HEADER = 8  # step (2 words), num_reqs, bitmask_on, the inputs flags and the slots digest (2 each)
 _HEADER = tl.constexpr(HEADER)
 _FETCH_BLOCK = 1024
 
@@ -141,7 +142,7 @@ class Staging:
         self._last = torch.full((1,), -1, dtype=torch.int64, device=device)
         self._done_address = torch.tensor([self.done.data_ptr()], dtype=torch.int64).to(device)
         self._meta_seq = self.meta[:2].view(torch.int64)
-        # meta's header as int64 [step, num_reqs | bitmask_on << 32, inputs digest, slots digest].
+        # meta's header as int64 [step, num_reqs | bitmask_on << 32, inputs flags, slots digest].
         self.header = self.meta[:HEADER].view(torch.int64)
         self.done_view = self.done.numpy()
         self._slices = (slice(HEADER, HEADER + n), slice(HEADER + n, HEADER + 2 * n + 1),
@@ -174,13 +175,14 @@ class Staging:
             self._write_digest(r, 0, 0)
             self._write_row(r, step, idx, cu, lens, bitmask_on)
 
-    def write_digest(self, step: int, inputs: int, slots: int) -> None:
-        """Step `step`'s divergence digest into its row, before `write` (step - 2 finished)."""
-        self._write_digest(step & 1, inputs, slots)
+    def write_digest(self, step: int, flags: int, slots: int) -> None:
+        """Step `step`'s host part of the divergence digest (the inputs word's flags, the slots
+        digest) into its row, before `write` (step - 2 finished)."""
+        self._write_digest(step & 1, flags, slots)
 
-    def _write_digest(self, r: int, inputs: int, slots: int) -> None:
+    def _write_digest(self, r: int, flags: int, slots: int) -> None:
         head = r * self._row_words64
-        self._words64[head + 2] = inputs
+        self._words64[head + 2] = flags
         self._words64[head + 3] = slots
 
     def _write_row(self, r: int, step: int, idx, cu, lens, bitmask_on: bool) -> None:
