@@ -47,12 +47,11 @@ SHORT_POOL = tl.constexpr(256)
 # two pivots it sorts (it uses that much of the pool's unused tail as scratch).
 PIVOTS = tl.constexpr(16)
 SORT_LIMIT = tl.constexpr(1024)
-# Pivots of a chunk's one-pass floor refinement (`refine_floor`): at V = 152064, top-k 50, 32
-# kept 24 rows' pools under the finish's 1024-entry sort where 16 let 8% of them past it. On an
-# H200 (BENCHMARKS.md) 32 made every capture scan 7-9 % slower from batch 256 up and spared the
-# top-k finish its radix search at 256; the two-tile sort of the draw now spares it that too,
-# which may make 16 the better count (not yet timed).
-FLOOR_PIVOTS = tl.constexpr(32)
+# Pivots of a chunk's one-pass floor refinement (`refine_floor`). On an H200 (BENCHMARKS.md,
+# V = 152064 fp32) 32 kept more top-k pools under the finish's one-tile sort but made every
+# capture scan 7-9 % slower from batch 256 up; with the draw's two-tile sort (pools of up to
+# 2048 entries) 16 is within 2 % of 32 at batch 256 and 6-8 % faster at 1024.
+FLOOR_PIVOTS = tl.constexpr(16)
 
 
 @triton.jit

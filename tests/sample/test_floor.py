@@ -2,6 +2,9 @@
 first (`candidates.chunk_floor`), and the one-pass refinement of a cut the row's earlier chunks
 published (`candidates.refine_floor`), chosen as the scan chooses them. Whatever the lanes (ties, -inf, +inf, a single finite value) and wherever the
 published cut lies, the floor is a valid one: `need` lanes reach it, or it is the published cut.
+And the sharing itself: a chunk that publishes its floor (`share_floor`) gets back the largest
+value published so far, and one that reads the row's cut (`published_cut`) sees the largest
+published before it.
 
 Runs under the Triton interpreter on CPU (TRITON_INTERPRET=1) or compiled on a CUDA device.
 """
@@ -17,7 +20,8 @@ import triton
 import triton.language as tl
 from hypothesis import given, settings, strategies as st
 
-from graphshard.sample.candidates import FLOOR_PIVOTS, chunk_floor, refine_floor
+from graphshard.sample.candidates import (FLOOR_PIVOTS, chunk_floor, published_cut, refine_floor,
+                                          share_floor)
 
 INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
 DEVICE = "cpu" if INTERPRET else "cuda"
@@ -113,3 +117,45 @@ def test_refined_floor_rises_to_the_last_pivot_need_lanes_reach():
     reached = pivots[np.array([(lanes >= p).sum() >= 50 for p in pivots])]
     assert floor == reached.max() > 100.0 and (lanes >= floor).sum() >= 50
     assert (lanes >= floor + step).sum() < 50
+
+
+@triton.jit
+def _share_kernel(fill_ptr, values_ptr, seen_ptr, shared_ptr):
+    """Each program reads the row's cut, then publishes its own value (as a chunk does)."""
+    i = tl.program_id(0)
+    tl.store(seen_ptr + i, published_cut(fill_ptr))
+    tl.store(shared_ptr + i, share_floor(fill_ptr, tl.load(values_ptr + i)))
+
+
+def _as_floats(keys: np.ndarray) -> np.ndarray:
+    """Order keys (uint32) -> the floats they order (`rows.key_to_float`)."""
+    keys = keys.astype(np.uint32)
+    bits = np.where(keys >> 31 != 0, keys ^ np.uint32(0x80000000), keys ^ np.uint32(0xFFFFFFFF))
+    return bits.astype(np.uint32).view(np.float32)
+
+
+@pytest.mark.parametrize("kind", ["normal", "ties", "with_neg_inf"])
+def test_chunks_see_the_largest_floor_published_before_them(kind):
+    rs = np.random.default_rng(7)
+    values = (rs.standard_normal(64) * 3).astype(np.float32)
+    if kind == "ties":
+        values[::3] = np.float32(1.5)
+    elif kind == "with_neg_inf":
+        values[rs.choice(64, 20, replace=False)] = -np.inf
+    fill = torch.zeros(2, dtype=torch.int32, device=DEVICE)
+    seen = torch.empty(64, dtype=torch.float32, device=DEVICE)
+    shared = torch.empty(64, dtype=torch.float32, device=DEVICE)
+    _share_kernel[(64,)](fill, torch.from_numpy(values).to(DEVICE), seen, shared, num_warps=4)
+    seen, shared = seen.cpu().numpy(), shared.cpu().numpy()
+    # The word after the fill holds the largest value as an order key.
+    assert _as_floats(fill.cpu().numpy()[1:].view(np.uint32))[0] == values.max()
+    # Each program gets back at least its own value, and only a value some program published.
+    assert (shared >= values).all() and np.isin(shared, values).all()
+    if INTERPRET:
+        # Programs run one after another: each sees exactly the values before it (NaN: none).
+        before = np.maximum.accumulate(values)
+        assert np.isnan(seen[0]) and np.array_equal(seen[1:], before[:-1])
+        assert np.array_equal(shared, before)
+    else:
+        # Programs run concurrently: each sees nothing yet (NaN) or a published value.
+        assert (np.isnan(seen) | np.isin(seen, values)).all()
