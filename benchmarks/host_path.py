@@ -83,7 +83,7 @@ def _divergence_step(check: DivergenceCheck, guard: FaultGuard):
 
 def measure(calls: int) -> list[dict]:
     engine, guard = _engine(), _cuda_guard()
-    check = DivergenceCheck(0, 2, torch.device("cpu"), Staging(max(BATCHES), 1, torch.device("cpu")))
+    check = DivergenceCheck(0, 2, torch.device("cpu"), Staging(max(BATCHES), torch.device("cpu")))
     rng = np.random.default_rng(0)
     rows = []
     for n in BATCHES:

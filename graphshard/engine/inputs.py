@@ -33,7 +33,7 @@ class StepInputs:
         self.max_num_logits_per_req = max_num_logits_per_req
         self.bitmask_widths = (bitmask_words, real_bitmask_words or bitmask_words)
         self.device = device
-        self.staged = Staging(n, max_num_logits_per_req, device)
+        self.staged = Staging(n, device)
         self.meta, self.staging = self.staged.meta, self.staged.rows
         self.num_reqs, self.bitmask_on, self.idx_mapping, self.cu_num_logits, self.seq_lens = \
             self.staged.views()

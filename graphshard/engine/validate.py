@@ -12,10 +12,9 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from graphshard.errors import BatchTooLargeError, InvalidBatchError, InvalidTypeError
+from graphshard.errors import InvalidBatchError, InvalidTypeError
 
-__all__ = ["BatchChecker", "BatchLimits", "BatchTooLargeError", "InvalidBatchError",
-           "to_host_int32", "validate_batch"]
+__all__ = ["BatchChecker", "BatchLimits", "InvalidBatchError", "to_host_int32", "validate_batch"]
 
 
 @dataclass(frozen=True)

@@ -98,9 +98,6 @@ class CudaGraphBackend:
         graph.replay()
         return self._outputs[key]
 
-    def keys(self) -> list:
-        return list(self._graphs)
-
     def memory_bytes(self) -> int | None:
         """Device memory the shared pool grew by while capturing (reserved-bytes delta)."""
         return self._graph_bytes

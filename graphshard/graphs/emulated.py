@@ -473,8 +473,5 @@ class EmulatedGraphBackend:
         except KeyError:
             raise KeyError(f"no graph captured for key {key!r}; captured: {list(self._graphs)}") from None
 
-    def keys(self) -> list:
-        return list(self._graphs)
-
     def memory_bytes(self) -> int | None:
         return None

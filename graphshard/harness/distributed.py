@@ -67,17 +67,6 @@ def init_from_env(backend: str | None = None, timeout_s: float = 600.0) -> DistI
     return DistInfo(rank, world_size, local_rank, device, backend)
 
 
-def is_rank0() -> bool:
-    return not dist.is_initialized() or dist.get_rank() == 0
-
-
-def print0(*args, **kwargs) -> None:
-    """print() on rank 0 only (or when no process group exists)."""
-    if is_rank0():
-        kwargs.setdefault("flush", True)
-        print(*args, **kwargs)
-
-
 def _bind_device(backend: str, local_rank: int) -> torch.device:
     if backend not in BACKENDS:
         raise ValueError(f"backend must be one of {', '.join(BACKENDS)}, got {backend!r}")

@@ -127,7 +127,7 @@ def _done_kernel(done_address_ptr, meta_seq_ptr, last_ptr):
 class Staging:
     """The pinned double buffer, the device `meta` it is fetched into, and the done word."""
 
-    def __init__(self, max_num_reqs: int, max_num_logits_per_req: int, device: torch.device):
+    def __init__(self, max_num_reqs: int, device: torch.device):
         n = self.max_num_reqs = max_num_reqs
         self.width = row_width(n)
         self.device = device

@@ -15,9 +15,7 @@ from graphshard.transports.padded import PaddedTransport
 
 logger = logging.getLogger(__name__)
 
-TRANSPORT_KINDS = TRANSPORTS  # the one list, in graphshard.config
-
-__all__ = ["TRANSPORT_KINDS", "Transport", "PaddedTransport", "P2PTransport", "make_transport",
+__all__ = ["Transport", "PaddedTransport", "P2PTransport", "make_transport",
            "doubling_tiers", "pick_tier", "p2p_unavailable_reason"]
 
 
@@ -29,8 +27,8 @@ def make_transport(kind: str, group: dist.ProcessGroup | None = None,
     else nccl on CUDA, else gloo on CPU. "p2p" falls back to nccl (gloo on CPU) with a logged reason
     when it cannot run; on CPU it needs the Triton interpreter. `timeout_s` bounds the transport's
     waits on peers; `options` go to P2PTransport."""
-    if kind not in TRANSPORT_KINDS:
-        raise ValueError(f"transport kind must be one of {', '.join(TRANSPORT_KINDS)}, got {kind!r}")
+    if kind not in TRANSPORTS:
+        raise ValueError(f"transport kind must be one of {', '.join(TRANSPORTS)}, got {kind!r}")
     device = resolve_device(device)
     if device.type not in ("cpu", "cuda"):
         raise ValueError(f"transports run on cpu or cuda devices, got {device}")

@@ -21,8 +21,8 @@ from graphshard.harness.distributed import spawn
 from graphshard.engine import Engine
 from graphshard.harness.oracle import compare, sample_unsharded
 from graphshard.sample.params import MIN_TEMPERATURE, SamplingParams, SlotTables
-from graphshard.errors import InvalidParamsError, InvalidSlotError, InvalidTypeError
-from graphshard.engine.validate import BatchLimits, BatchTooLargeError, InvalidBatchError, validate_batch
+from graphshard.errors import BatchTooLargeError, InvalidParamsError, InvalidSlotError, InvalidTypeError
+from graphshard.engine.validate import BatchLimits, InvalidBatchError, validate_batch
 
 # Buckets stop at 4 below max_num_reqs 6 with fallback "error": batches of 5 or 6 pass the
 # batch checks and are refused by the graph manager alone.

@@ -123,7 +123,7 @@ def test_every_divergence_raises_on_every_rank_and_no_wrong_token_passes(transpo
 def sealed_inputs_word(idx, cu, lens, flags: int = 0, device=torch.device("cpu")) -> int:
     """The inputs word of the digest the device seals after fetching this batch (staged as step
     3, host flags `flags`)."""
-    staging = Staging(max_num_reqs=8, max_num_logits_per_req=4, device=device)
+    staging = Staging(max_num_reqs=8, device=device)
     check = DivergenceCheck(0, 2, device, staging)
     check.seal(3, slots=77, flags=flags)
     staging.write(3, idx, cu, lens, False)
@@ -169,7 +169,7 @@ def test_the_judge_that_ends_a_step_writes_the_verdict_before_the_done_word(devi
     inputs, so step 3's verdict row names it, and the step's done word says 3. Also run on a GPU
     by tests/gpu/test_kernels_gpu.py."""
     device = torch.device(device)
-    staging = Staging(max_num_reqs=8, max_num_logits_per_req=4, device=device)
+    staging = Staging(max_num_reqs=8, device=device)
     check = DivergenceCheck(0, 2, device, staging)
     check.seal(3, slots=77, flags=0)
     idx, cu, lens = np.array([4, 1], np.int32), np.arange(3, dtype=np.int32), np.array([5, 6], np.int32)

@@ -10,7 +10,8 @@ from graphshard.harness.distributed import spawn
 from graphshard.engine import Engine
 from graphshard.harness.oracle import compare, sample_unsharded
 from graphshard.sample.params import SamplingParams, SlotTables
-from graphshard.engine.validate import BatchTooLargeError, InvalidBatchError
+from graphshard.errors import BatchTooLargeError
+from graphshard.engine.validate import InvalidBatchError
 from graphshard.harness.workload import Workload
 
 SMALL = Config(vocab_size=300, vocab_pad_multiple=8, max_num_reqs=12, max_num_logits_per_req=3,

@@ -39,7 +39,7 @@ def _staged(batch, bitmask_on=0):
 
 @pytest.mark.parametrize("rows_per_req", [1, 3])
 def test_each_step_fetches_its_own_row_with_two_steps_staged(rows_per_req):
-    s = Staging(max_num_reqs=4, max_num_logits_per_req=rows_per_req, device=CPU)
+    s = Staging(max_num_reqs=4, device=CPU)
     a, b, c = _batch([3, 1], rows_per_req, [5, 6]), _batch([2], rows_per_req, [9]), _batch([0, 2, 1], rows_per_req)
     s.write(0, *a, False)
     s.write(1, *b, True)  # staged while step 0 has not run yet
@@ -58,7 +58,7 @@ def test_each_step_fetches_its_own_row_with_two_steps_staged(rows_per_req):
 
 
 def test_warm_up_runs_refetch_the_placeholder_and_keep_the_done_word():
-    s = Staging(max_num_reqs=4, max_num_logits_per_req=1, device=CPU)
+    s = Staging(max_num_reqs=4, device=CPU)
     s.write(0, *_batch([1]), False)
     s.fetch()
     s.signal_done()

@@ -63,7 +63,7 @@ def test_fused_fetch_and_plan_equals_reference_and_compiles_once():
     dev = torch.device("cuda", torch.cuda.current_device())
     rng = np.random.default_rng(1)
     max_reqs, max_m, tp = 1024, 4, 2
-    staging = Staging(max_reqs, max_m, dev)
+    staging = Staging(max_reqs, dev)
     buf = PlanBuffers.allocate(max_reqs, max_m, tp, dev)
     drafts = torch.from_numpy(rng.integers(0, 100, max_reqs * max_m).astype(np.int32)).to(dev)
     before = None

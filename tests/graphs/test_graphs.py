@@ -94,7 +94,8 @@ def test_unsafe_op_refused_at_capture(buffers, case):
     backend = _backend(buffers)
     with pytest.raises(GraphSafetyError, match=op_name.replace(".", r"\.") + " inside a graph-captured step"):
         backend.capture(0, lambda: body(buffers))
-    assert backend.keys() == []
+    with pytest.raises(KeyError, match=r"no graph captured for key 0; captured: \[\]"):
+        backend.replay(0)
 
 
 def test_unsafe_op_refused_at_warmup(buffers):

@@ -162,7 +162,7 @@ def test_fused_fetch_and_plan_equals_reference_every_rank(b, data):
     """The same plan as the reference, from the inputs the fused kernel fetched itself; the
     fetched inputs are what `Staging.fetch` leaves in `meta` (the sampler reads them there)."""
     drafts = np.arange(b["max_reqs"] * b["max_m"], dtype=np.int32) * 5 + 1
-    staging = Staging(b["max_reqs"], b["max_m"], torch.device("cpu"))
+    staging = Staging(b["max_reqs"], torch.device("cpu"))
     for step, rank in enumerate(range(b["tp"])):
         got, ref, cu = run_fused(b, rank, drafts, staging, step)
         for name in PLAN_FIELDS:
@@ -178,7 +178,7 @@ def test_fused_fetch_and_plan_equals_reference_every_rank(b, data):
 
 def test_fused_fetch_takes_the_row_of_the_step_with_two_staged():
     """Two steps staged before either runs: each fused launch plans its own step's batch."""
-    staging = Staging(4, 1, torch.device("cpu"))
+    staging = Staging(4, torch.device("cpu"))
     buf = PlanBuffers.allocate(4, 1, 2, "cpu")
     batches_ = [np.array([3, 1], np.int32), np.array([2], np.int32), np.array([0, 2, 1], np.int32)]
 
@@ -200,7 +200,7 @@ def test_fused_fetch_takes_the_row_of_the_step_with_two_staged():
 
 def test_fused_kernel_compiles_once_for_every_n_and_stride(monkeypatch):
     keys = _record_specializations(monkeypatch)
-    staging = Staging(16, 2, torch.device("cpu"))
+    staging = Staging(16, torch.device("cpu"))
     buf = PlanBuffers.allocate(16, 2, 2, "cpu")
     for step, (n, stride) in enumerate([(0, 1), (1, 1), (2, 16), (7, 8), (16, 16), (9, 32)]):
         staging.write(step, np.arange(n, dtype=np.int32), np.arange(n + 1, dtype=np.int32),
