@@ -22,7 +22,7 @@ from benchmarks.timing import events_us, measure_peak_p2p_gbs
 from graphshard.harness.distributed import spawn
 from graphshard.engine import DTYPES
 from graphshard.plan.kernel import plan
-from graphshard.plan.layout import PlanBuffers
+from graphshard.plan.layout import PlanBuffers, owner_ranks
 from graphshard.transports import make_transport
 
 ROWS = (1, 8, 64, 256, 1024)
@@ -62,7 +62,8 @@ def bench_rank(rank, world, vocab, dtype_name):
         plan(buf, idx_mapping=idx, cu_num_logits=torch.arange(max_rows + 1, dtype=torch.int32, device=device),
              seq_lens=idx, num_reqs=torch.tensor([n], dtype=torch.int32, device=device), tp_rank=rank,
              gather_stride=n, max_num_logits_per_req=1)
-        crossing = sum(1 for i in range(n) if i % world != rank) * vocab_shard * logits.element_size()
+        remote = int((owner_ranks(np.arange(n), world) != rank).sum())
+        crossing = remote * vocab_shard * logits.element_size()
         result = {"rows": n, "bytes_crossing": crossing}
         for name, t in transports.items():
             if name == "nccl":
@@ -77,7 +78,7 @@ def bench_rank(rank, world, vocab, dtype_name):
             g = _graph(lambda t=step_transport, fenced=fenced: (
                 t.exchange(buf, logits, None, n, fenced=fenced), t.gather(buf, records, None, n, n)))
             result[name] = events_us(g.replay, barrier=True)
-        owner = np.arange(n) % world
+        owner = owner_ranks(np.arange(n), world)
         splits = np.bincount(owner, minlength=world).tolist()
         send_rows = torch.from_numpy(np.argsort(owner, kind="stable")).to(device)
 

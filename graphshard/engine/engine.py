@@ -18,7 +18,7 @@ import torch
 import torch.distributed as dist
 
 from graphshard.engine.agreement import AgreementCheck, SlotDigest, digest
-from graphshard.config import Config
+from graphshard.config import LOGITS_DTYPES, Config
 from graphshard.runtime.devices import check_kernels_run_on, resolve_device
 from graphshard.engine.divergence import DivergenceCheck
 from graphshard.errors import (EngineStateError, InvalidBatchError, InvalidParamsError, InvalidSlotError,
@@ -41,7 +41,7 @@ logger = logging.getLogger(__name__)
 # A replicated step input: a host array of int32 (preferred), a list or a CPU tensor.
 IntArray = Union[np.ndarray, Sequence[int], torch.Tensor]
 
-DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+DTYPES = {name: getattr(torch, name) for name in LOGITS_DTYPES}
 
 SAMPLER_CONTRACT = """A replacement sampler is a callable with the keyword signature of
 `graphshard.sample.kernels.sample`: `(logits, *, vocab_size, num_reqs, req_slots, cu_num_logits,
@@ -306,7 +306,9 @@ class Engine:
                 keys += keys_for(b, strategy, self._tiers.get(b))
         self.graphs.capture(self._capture_fn, keys=keys)
         if auto:
-            self._strategy, self.strategy_timings = choose_strategies(self)
+            self._strategy, self.strategy_timings = choose_strategies(
+                self.graphs, self._timing_keys(), self._write_placeholder_batch, self.device,
+                self.group)
         self._routes = [self._route(n) for n in range(self.config.max_bucket + 1)]
         self.captured = True
         self._capture_s = time.perf_counter() - start
@@ -315,6 +317,13 @@ class Engine:
         """The step of `key`, with a valid batch of exactly its bucket staged for warm-up and capture."""
         self._write_placeholder_batch(key[0])
         return self._step_fn(key)
+
+    def _timing_keys(self) -> dict[int, tuple[tuple, tuple]]:
+        """Per bucket, the shard and the replicate graph that its placeholder batch (balanced
+        slots, one row each) replays."""
+        m = self.config.max_num_logits_per_req
+        return {b: ((b, SHARD, self.transport.pick_capacity(b * m, -(-b // self.tp_size))),
+                    (b, REPLICATE, 0)) for b in self.config.buckets}
 
     def _write_placeholder_batch(self, n: int) -> None:
         """A valid batch for warm-up, capture and timing runs (balanced slots, one row each),
@@ -455,8 +464,7 @@ class Engine:
         try:
             idx, cu, lens = self.checker.check_exactly(idx_mapping, cu_num_logits, seq_lens)
             # Replicated checks first: a rank's own tensor error must not hide them.
-            bucket = self.graphs.bucket_for(idx.shape[0]) if self.captured else None
-            if self.captured and bucket is None:
+            if self.captured:
                 self.graphs.check_fits(idx.shape[0])
             checked = (idx, cu, lens)
             local_error = self.inputs.tensor_error(logits, drafts, bitmask, int(cu[-1]))
@@ -489,13 +497,14 @@ class Engine:
         request here is the one refusal that depends on this rank's own state (a missed
         add_request): its peers may have accepted it and be inside the step already. Then the
         step runs anyway, its digest marked refused, and every rank learns what happened
-        (`_settle_refusal`). Anything else stays refused here, identically on every rank."""
+        (`DivergenceCheck.settle_refusal`). Anything else stays refused here, identically on
+        every rank."""
         if self.divergence is None:
             return None
         try:  # the same checks less the one that looks at this rank's slots
             idx, cu, lens = self.checker.check_exactly(idx_mapping, cu_num_logits, seq_lens,
                                                        require_active=False)
-            if self.captured and self.graphs.bucket_for(idx.shape[0]) is None:
+            if self.captured:
                 self.graphs.check_fits(idx.shape[0])
         except (InvalidBatchError, TypeError):
             return None

@@ -7,6 +7,7 @@ makes the same choice (a rank that picked differently would pair the wrong colle
 from __future__ import annotations
 
 import time
+from typing import Callable
 
 import numpy as np
 import torch
@@ -20,32 +21,35 @@ def _sync(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
-def time_replays(manager, key: tuple, device: torch.device, iters: int) -> float:
-    """Median seconds per replay of one captured graph."""
+def time_replays(graphs, key: tuple, device: torch.device, iters: int) -> float:
+    """Median seconds per replay of one captured graph. Through the backend: timing runs are not
+    steps, so the manager's replay counts stay as they are."""
     samples = []
     for _ in range(iters):
         _sync(device)
         start = time.perf_counter()
-        manager.backend.replay(key)
+        graphs.backend.replay(key)
         _sync(device)
         samples.append(time.perf_counter() - start)
     return float(np.median(samples))
 
 
-def choose_strategies(engine, iters: int = 10) -> tuple[dict[int, str], dict[int, tuple[float, float]]]:
-    """Per bucket, the strategy whose graph replayed faster (both must be captured), and the
-    timings behind it: bucket -> (shard s, replicate s), the slowest rank's median per replay."""
-    buckets = engine.config.buckets
-    m = engine.config.max_num_logits_per_req
+def choose_strategies(graphs, keys: dict[int, tuple[tuple, tuple]], prepare: Callable[[int], None],
+                      device: torch.device, group, iters: int = 10
+                      ) -> tuple[dict[int, str], dict[int, tuple[float, float]]]:
+    """Per bucket, the strategy whose graph replayed faster, and the timings behind it: bucket ->
+    (shard s, replicate s), the slowest rank's median per replay. `keys` maps each bucket to its
+    (shard, replicate) graph keys, both captured; `prepare(b)` stages a valid batch of b
+    requests for them to replay; `group` is the TP process group (None at tp = 1)."""
+    buckets = list(keys)
     times = torch.zeros(len(buckets), 2, dtype=torch.float64)
     for i, b in enumerate(buckets):
-        engine._write_placeholder_batch(b)
-        balanced = engine.transport.pick_capacity(b * m, -(-b // engine.tp_size))
-        times[i, 0] = time_replays(engine.graphs, (b, SHARD, balanced), engine.device, iters)
-        times[i, 1] = time_replays(engine.graphs, (b, REPLICATE, 0), engine.device, iters)
-    if engine.group is not None:
-        reduced = times.to(engine.device) if engine.device.type == "cuda" else times
-        dist.all_reduce(reduced, op=dist.ReduceOp.MAX, group=engine.group)
+        prepare(b)
+        for j, key in enumerate(keys[b]):
+            times[i, j] = time_replays(graphs, key, device, iters)
+    if group is not None:
+        reduced = times.to(device) if device.type == "cuda" else times
+        dist.all_reduce(reduced, op=dist.ReduceOp.MAX, group=group)
         times = reduced.cpu()
     timings = {b: (float(times[i, 0]), float(times[i, 1])) for i, b in enumerate(buckets)}
     choices = {b: SHARD if shard <= replicate else REPLICATE for b, (shard, replicate) in timings.items()}

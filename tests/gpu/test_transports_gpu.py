@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from graphshard.harness.distributed import spawn
-from graphshard.plan.layout import PlanBuffers
+from graphshard.plan.layout import PlanBuffers, owner_counts, owner_ranks
 from graphshard.plan.reference import plan_ref
 from graphshard.transports import P2PTransport, PaddedTransport, make_transport
 
@@ -35,7 +35,7 @@ def random_batch(rng, n: int, tp: int):
     mode = rng.integers(4)
     slots = np.arange(MAX_SLOTS)
     if mode == 0:  # every request on one owner
-        slots = slots[slots % tp == rng.integers(tp)]
+        slots = slots[owner_ranks(slots, tp) == rng.integers(tp)]
     idx_mapping = rng.choice(slots, size=n, replace=False).astype(np.int32)
     m = rng.integers(1, MAX_M + 1, size=n)
     cu = np.concatenate([[0], np.cumsum(m)]).astype(np.int32)
@@ -43,9 +43,8 @@ def random_batch(rng, n: int, tp: int):
 
 
 def owner_max(batch, tp: int) -> tuple[int, int]:
-    owner = batch[0] % tp
-    rows = np.bincount(owner, weights=np.diff(batch[1]), minlength=tp)
-    return int(np.bincount(owner, minlength=tp).max(initial=0)), int(rows.max(initial=0))
+    reqs, rows = owner_counts(batch[0], batch[1], tp)
+    return int(reqs.max(initial=0)), int(rows.max(initial=0))
 
 
 def plan_arrays(batch, rank: int, gather_stride: int) -> dict[str, np.ndarray]:

@@ -13,7 +13,7 @@ import torch
 import torch.distributed as dist
 
 from graphshard.harness.distributed import spawn
-from graphshard.plan.layout import PlanBuffers
+from graphshard.plan.layout import PlanBuffers, owner_counts, owner_ranks
 from graphshard.plan.reference import plan_ref
 from graphshard.plan.staging import Staging
 from graphshard.transports import (P2PTransport, PaddedTransport, doubling_tiers, make_transport,
@@ -36,9 +36,9 @@ def random_batch(rng: np.random.Generator, n: int, tp: int, mode: str):
     (one rank owns nothing)."""
     slots = np.arange(MAX_SLOTS)
     if mode == "one_owner":
-        slots = slots[slots % tp == rng.integers(tp)]
+        slots = slots[owner_ranks(slots, tp) == rng.integers(tp)]
     elif mode == "skip_owner" and tp > 1:
-        slots = slots[slots % tp != rng.integers(tp)]
+        slots = slots[owner_ranks(slots, tp) != rng.integers(tp)]
     idx_mapping = rng.choice(slots, size=n, replace=False).astype(np.int32)
     m = rng.integers(1, MAX_M + 1, size=n)
     cu = np.concatenate([[0], np.cumsum(m)]).astype(np.int32)
@@ -52,13 +52,9 @@ def make_plan(batch, tp: int, rank: int, gather_stride: int) -> PlanBuffers:
     return PlanBuffers(**{k: torch.from_numpy(v) for k, v in fields.items()})
 
 
-def owner_counts(batch, tp: int) -> tuple[int, int]:
+def owner_max(batch, tp: int) -> tuple[int, int]:
     """(max requests, max logits rows) any owner holds: what the host knows before the step."""
-    idx_mapping, cu, _ = batch
-    owner = idx_mapping % tp
-    m = np.diff(cu)
-    reqs = np.bincount(owner, minlength=tp)
-    rows = np.bincount(owner, weights=m, minlength=tp).astype(np.int64)
+    reqs, rows = owner_counts(batch[0], batch[1], tp)
     return int(reqs.max(initial=0)), int(rows.max(initial=0))
 
 
@@ -92,7 +88,7 @@ def check_transport(rank: int, tp: int, kind: str, dtype: torch.dtype, seed: int
         # Logits rows past num_logits are junk the transport must never deliver as real rows.
         full = torch.from_numpy(rng.standard_normal((bucket_rows, vocab)).astype(np.float32)).to(dtype)
         shard = full[:, rank * vocab_shard:(rank + 1) * vocab_shard].contiguous()
-        max_reqs, max_rows = owner_counts(batch, tp)
+        max_reqs, max_rows = owner_max(batch, tp)
         tiers = transport.capacity_tiers(bucket_rows)
         capacity = transport.pick_capacity(bucket_rows, max_rows)
         assert capacity >= max_rows and capacity in tiers
@@ -172,7 +168,7 @@ def check_closed_steps(rank: int, tp: int, kind: str, seed: int, num_steps: int)
     transport = make_transport(kind, None, "cpu")
     transport.setup(max_num_rows=MAX_ROWS, max_num_reqs=MAX_REQS, vocab_shard=VOCAB_SHARD,
                     logits_dtype=torch.float32, record_width=WIDTH)
-    staging = Staging(MAX_REQS, MAX_M, torch.device("cpu"))
+    staging = Staging(MAX_REQS, torch.device("cpu"))
     rng = np.random.default_rng(seed)
     vocab = tp * VOCAB_SHARD
     strategies = []
@@ -187,7 +183,7 @@ def check_closed_steps(rank: int, tp: int, kind: str, seed: int, num_steps: int)
         where = f"rank {rank} step {step} n={n} bucket={bucket}"
         strategies.append(("replicate", "shard")[int(rng.integers(2))])
         if strategies[-1] == "shard":
-            max_reqs, max_rows = owner_counts(batch, tp)
+            max_reqs, max_rows = owner_max(batch, tp)
             capacity = transport.pick_capacity(bucket * MAX_M, max_rows)
             capacity_reqs = transport.pick_capacity(bucket, max_reqs)
             plan = make_plan(batch, tp, rank, capacity_reqs)
