@@ -102,7 +102,7 @@ def report() -> list[dict]:
 
 def _divergence_kernels(tmp: str) -> list[dict]:
     """The p2p pushes with the divergence check on, and the padded transports' seal and judge."""
-    from graphshard.engine.divergence import _judge_kernel, _seal_kernel
+    from graphshard.transports.digest import _judge_kernel, _seal_kernel
     from graphshard.transports.p2p import _push_records_kernel, _push_rows_kernel
 
     def args(kernel, consts, **types):

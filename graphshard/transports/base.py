@@ -31,7 +31,7 @@ from datetime import timedelta
 import torch
 import torch.distributed as dist
 
-from graphshard.engine.divergence import DIGEST_INT32
+from graphshard.transports.digest import DIGEST_INT32
 from graphshard.runtime.devices import resolve_device
 from graphshard.plan.layout import PlanBuffers
 

@@ -76,7 +76,7 @@ import torch.distributed as dist
 import triton
 import triton.language as tl
 
-from graphshard.engine.divergence import DIGEST_SIZE, DIGEST_WORDS, judge, load_digest
+from graphshard.transports.digest import DIGEST_SIZE, DIGEST_WORDS, judge, load_digest
 from graphshard.runtime.launch import launch
 from graphshard.plan.layout import PlanBuffers
 from graphshard.plan.staging import signal_done
@@ -200,7 +200,7 @@ def _push_rows_kernel(
     dst_ptrs_ptr,  # [T] int64: each rank's receive buffer [max_num_rows, T * VOCAB_SHARD]
     signal_ptrs_ptr,  # [T] int64: each rank's signal pad [channels, MAX_BLOCKS, T]
     status_ptr,  # [4] int32: fault status (see _record_fault)
-    meta_ptr,  # AGREE: the step's fetched inputs, int64 (graphshard.engine.divergence.load_digest)
+    meta_ptr,  # AGREE: the step's fetched inputs, int64 (graphshard.transports.digest.load_digest)
     max_num_reqs,  # AGREE: their layout's N
     digest_ptrs_ptr,  # AGREE: [T] int64: each rank's digest buffer [T, DIGEST_WORDS] int64
     rank,

@@ -14,7 +14,7 @@ from datetime import timedelta
 import torch
 import torch.distributed as dist
 
-from graphshard.engine.divergence import DIGEST_INT32
+from graphshard.transports.digest import DIGEST_INT32
 from graphshard.plan.layout import PlanBuffers
 from graphshard.transports.base import Transport, all_gather_single, finish
 

@@ -10,7 +10,8 @@ import torch
 
 from graphshard.config import Config
 from graphshard.harness.distributed import spawn
-from graphshard.engine.divergence import DIGEST_INT32, DivergenceCheck, inputs_digest_np
+from graphshard.engine.divergence import DivergenceCheck
+from graphshard.transports.digest import DIGEST_INT32, inputs_digest_np
 from graphshard.plan.staging import Staging
 from graphshard.engine import Engine
 from graphshard.errors import InvalidBatchError, RankDivergenceError
