@@ -3,7 +3,6 @@ import pytest
 import torch
 
 from graphshard.engine.validate import BatchLimits, InvalidBatchError, validate_batch
-from graphshard.plan.layout import owner_counts
 
 LIMITS = BatchLimits(max_num_reqs=4, max_num_logits_per_req=3, max_num_slots=10)
 
@@ -49,8 +48,3 @@ def test_bad_types_raise_clearly():
     if torch.cuda.is_available():
         with pytest.raises(InvalidBatchError, match="host array"):
             validate_batch(torch.tensor([1], device="cuda"), np.array([0, 1]), np.array([1]), LIMITS)
-
-
-def test_owner_counts():
-    reqs, rows = owner_counts(np.array([4, 1, 2, 7], np.int32), np.array([0, 1, 3, 4, 7], np.int32), 3)
-    assert reqs.tolist() == [0, 3, 1] and rows.tolist() == [0, 6, 1]

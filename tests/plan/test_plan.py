@@ -6,7 +6,7 @@ from hypothesis import given, settings, strategies as st
 import graphshard.plan.kernel as plan_mod
 from graphshard.runtime.launch import specialization_key
 from graphshard.plan.kernel import fetch_and_plan, plan
-from graphshard.plan.layout import PLAN_FIELDS, PlanBuffers
+from graphshard.plan.layout import PLAN_FIELDS, PlanBuffers, owner_counts
 from graphshard.plan.reference import plan_ref
 from graphshard.plan.staging import Staging
 
@@ -92,14 +92,14 @@ def test_kernel_equals_reference_every_rank(b, data):
 @given(batches(single_owner=True))
 def test_all_requests_on_one_owner(b):
     drafts = np.zeros(b["max_reqs"] * b["max_m"], dtype=np.int32)
-    owner_counts = None
+    owner_reqs = None
     for rank in range(b["tp"]):
         got, ref, cu = run_kernel(b, rank, drafts)
         for name in PLAN_FIELDS:
             assert np.array_equal(got[name], ref[name]), name
         check_invariants(got, b, cu, rank)
-        owner_counts = got["owner_num_reqs"]
-    assert (owner_counts > 0).sum() <= 1  # every other shard is empty
+        owner_reqs = got["owner_num_reqs"]
+    assert (owner_reqs > 0).sum() <= 1  # every other shard is empty
 
 
 def test_highest_slot_and_full_bucket():
@@ -226,3 +226,8 @@ def test_launcher_refuses_bad_buffers():
         plan(buf, **{**good, "max_num_logits_per_req": 2})
     with pytest.raises(ValueError, match="seq_lens must be a contiguous"):
         plan(buf, **{**good, "seq_lens": torch.zeros(8, dtype=torch.int32)[::2]})
+
+
+def test_owner_counts():
+    reqs, rows = owner_counts(np.array([4, 1, 2, 7], np.int32), np.array([0, 1, 3, 4, 7], np.int32), 3)
+    assert reqs.tolist() == [0, 3, 1] and rows.tolist() == [0, 6, 1]
