@@ -1,0 +1,66 @@
+#!/usr/bin/env bash
+# Sampler kernel times of several source trees in one device call (an ablation: copies of this
+# tree with one change each). Every tree compiles at once (the Triton cache keeps them), then
+# each is timed alone: round 1 in the order given, round 2 (ROUNDS=2) in reverse, so a drift of
+# the GPU over the run shows as a difference between the rounds.
+# Usage: OUT=dir [ROUNDS=1|2] bash benchmarks/ab_trees.sh TREE... [-- benchmarks.profile_kernels args]
+# (default args: greedy, top-k, top-k + top-p, top-p, min-p and logprobs 5 at batches 1, 256 and
+# 1024, layout K = 20, no engine step). A TREE is a directory holding a copy of the project,
+# e.g. `git archive HEAD | tar -x -C out/abl/base`, then edited; it is named by its last path
+# component. Results: $OUT/ab_trees.tgz holding kernels_<tree>_<round>.json and .log (one file,
+# so any number of trees comes back from the device), plus the summary printed at the end.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 PYTHONUNBUFFERED=1
+trees=()
+while [[ $# -gt 0 && $1 != "--" ]]; do
+  [[ -d "$1/graphshard" ]] || { echo "not a project tree: $1" >&2; exit 2; }
+  trees+=("$(cd "$1" && pwd)")
+  shift
+done
+[[ ${#trees[@]} -gt 0 ]] || { echo "usage: $0 TREE... [-- profile_kernels args]" >&2; exit 2; }
+[[ $# -gt 0 ]] && shift
+args=("$@")
+[[ ${#args[@]} -gt 0 ]] || args=(--modes greedy,top_k,top_k_top_p,top_p,min_p,logprobs_5
+                                 --batches 1,256,1024 --k 20 --no-step)
+export OUT=${OUT:-out}
+mkdir -p "$OUT"
+work=$(mktemp -d)
+for tree in "${trees[@]}"; do
+  (cd "$tree" && timeout 300 python3 -m benchmarks.profile_kernels --modes greedy --batches 1 \
+    --k 20 --no-step > "$work/warm_$(basename "$tree").log" 2>&1) &
+done
+wait
+status=0
+order=("${trees[@]}")
+for round in $(seq 1 "${ROUNDS:-1}"); do
+  for tree in "${order[@]}"; do
+    name=$(basename "$tree")
+    (cd "$tree" && timeout 200 python3 -m benchmarks.profile_kernels "${args[@]}" \
+      --out "$work/kernels_${name}_$round.json" > "$work/kernels_${name}_$round.log" 2>&1) \
+      || { status=1; tail -n 5 "$work/kernels_${name}_$round.log"; }
+    echo "$name round $round done at ${SECONDS}s"
+  done
+  order=($(printf '%s\n' "${order[@]}" | tac))
+done
+tar -czf "$OUT/ab_trees.tgz" -C "$work" . && rm -rf "$work"
+# Scan / finish µs per tree, from the round-1 files.
+python3 - "$OUT/ab_trees.tgz" $(for t in "${trees[@]}"; do basename "$t"; done) <<'EOF'
+import collections, io, json, sys, tarfile
+runs = collections.defaultdict(dict)
+with tarfile.open(sys.argv[1]) as tar:
+    for member in tar.getmembers():
+        if member.name.endswith("_1.json"):
+            tree = member.name.split("/")[-1][len("kernels_"):-len("_1.json")]
+            for row in json.load(io.TextIOWrapper(tar.extractfile(member))):
+                if "us" in row:
+                    runs[tree][(row["what"], row["batch"], row["kernel"].strip("_"))] = row["us"]
+names = [n for n in sys.argv[2:] if n in runs]
+points = sorted({(w, b) for t in runs.values() for (w, b, _) in t})
+print("what batch | " + " | ".join(names))
+for what, batch in points:
+    cells = [f"{t.get((what, batch, 'scan_kernel'), 0):.1f}/{t.get((what, batch, 'finish_kernel'), 0):.1f}"
+             for t in (runs[n] for n in names)]
+    print(f"{what} {batch} | " + " | ".join(cells))
+EOF
+exit $status
