@@ -7,45 +7,54 @@
 # (default args: greedy, top-k, top-k + top-p, top-p, min-p and logprobs 5 at batches 1, 256 and
 # 1024, layout K = 20, no engine step). A TREE is a directory holding a copy of the project,
 # e.g. `git archive HEAD | tar -x -C out/abl/base`, then edited; it is named by its last path
-# component. Results: $OUT/ab_trees.tgz holding kernels_<tree>_<round>.json and .log (one file,
-# so any number of trees comes back from the device), plus the summary printed at the end.
+# component (names must differ). Paths are relative to where the script runs. Results:
+# $OUT/ab_trees.tgz holding kernels_<tree>_<round>.json and .log (one file, so any number of
+# trees comes back from the device), plus the summary printed at the end.
 set -uo pipefail
-cd "$(dirname "$0")/.."
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 PYTHONUNBUFFERED=1
-trees=()
+usage() { echo "usage: $0 TREE... [-- profile_kernels args]" >&2; exit 2; }
+trees=() names=()
+declare -A seen
 while [[ $# -gt 0 && $1 != "--" ]]; do
   [[ -d "$1/graphshard" ]] || { echo "not a project tree: $1" >&2; exit 2; }
-  trees+=("$(cd "$1" && pwd)")
+  tree=$(cd "$1" && pwd) name=$(basename "$1")
+  [[ -z ${seen[$name]:-} ]] || { echo "two trees named $name: results would overwrite" >&2; exit 2; }
+  seen[$name]=1 trees+=("$tree") names+=("$name")
   shift
 done
-[[ ${#trees[@]} -gt 0 ]] || { echo "usage: $0 TREE... [-- profile_kernels args]" >&2; exit 2; }
+[[ ${#trees[@]} -gt 0 ]] || usage
 [[ $# -gt 0 ]] && shift
 args=("$@")
 [[ ${#args[@]} -gt 0 ]] || args=(--modes greedy,top_k,top_k_top_p,top_p,min_p,logprobs_5
                                  --batches 1,256,1024 --k 20 --no-step)
+rounds=${ROUNDS:-1}
+[[ $rounds == 1 || $rounds == 2 ]] || { echo "ROUNDS must be 1 or 2, got $rounds" >&2; exit 2; }
 export OUT=${OUT:-out}
-mkdir -p "$OUT"
+mkdir -p "$OUT" || exit 2
+out=$(cd "$OUT" && pwd)
+cd "$(dirname "$0")/.."
 work=$(mktemp -d)
-for tree in "${trees[@]}"; do
-  (cd "$tree" && timeout 300 python3 -m benchmarks.profile_kernels --modes greedy --batches 1 \
-    --k 20 --no-step > "$work/warm_$(basename "$tree").log" 2>&1) &
+status=0
+for i in "${!trees[@]}"; do
+  (cd "${trees[$i]}" && timeout 300 python3 -m benchmarks.profile_kernels --modes greedy \
+    --batches 1 --k 20 --no-step > "$work/warm_${names[$i]}.log" 2>&1) &
 done
 wait
-status=0
-order=("${trees[@]}")
-for round in $(seq 1 "${ROUNDS:-1}"); do
-  for tree in "${order[@]}"; do
-    name=$(basename "$tree")
-    (cd "$tree" && timeout 200 python3 -m benchmarks.profile_kernels "${args[@]}" \
+order=("${!trees[@]}")
+for round in $(seq 1 "$rounds"); do
+  for i in "${order[@]}"; do
+    name=${names[$i]}
+    (cd "${trees[$i]}" && timeout 200 python3 -m benchmarks.profile_kernels "${args[@]}" \
       --out "$work/kernels_${name}_$round.json" > "$work/kernels_${name}_$round.log" 2>&1) \
       || { status=1; tail -n 5 "$work/kernels_${name}_$round.log"; }
     echo "$name round $round done at ${SECONDS}s"
   done
-  order=($(printf '%s\n' "${order[@]}" | tac))
+  mapfile -t order < <(printf '%s\n' "${order[@]}" | tac)
 done
-tar -czf "$OUT/ab_trees.tgz" -C "$work" . && rm -rf "$work"
+tar -czf "$out/ab_trees.tgz" -C "$work" . || status=1
+rm -rf "$work"
 # Scan / finish µs per tree, from the round-1 files.
-python3 - "$OUT/ab_trees.tgz" $(for t in "${trees[@]}"; do basename "$t"; done) <<'EOF'
+python3 - "$out/ab_trees.tgz" "${names[@]}" <<'EOF' || status=1
 import collections, io, json, sys, tarfile
 runs = collections.defaultdict(dict)
 with tarfile.open(sys.argv[1]) as tar:

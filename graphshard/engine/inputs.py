@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import operator
 
-import numpy as np
 import torch
 
 from graphshard.plan.staging import Staging

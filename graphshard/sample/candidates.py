@@ -50,7 +50,8 @@ SORT_LIMIT = tl.constexpr(1024)
 # Pivots of a chunk's one-pass floor refinement (`refine_floor`). On an H200 (BENCHMARKS.md,
 # V = 152064 fp32) 32 kept more top-k pools under the finish's one-tile sort but made every
 # capture scan 7-9 % slower from batch 256 up; with the draw's two-tile sort (pools of up to
-# 2048 entries) 16 is within 2 % of 32 at batch 256 and 6-8 % faster at 1024.
+# 2048 entries) 16 is within 2 % of 32 at batch 256 for top-k rows (4 % slower with logprobs
+# too) and 3-8 % faster at 1024.
 FLOOR_PIVOTS = tl.constexpr(16)
 
 

@@ -143,10 +143,11 @@ def test_chunks_see_the_largest_floor_published_before_them(kind):
     elif kind == "with_neg_inf":
         values[rs.choice(64, 20, replace=False)] = -np.inf
     fill = torch.zeros(2, dtype=torch.int32, device=DEVICE)
-    seen = torch.empty(64, dtype=torch.float32, device=DEVICE)
-    shared = torch.empty(64, dtype=torch.float32, device=DEVICE)
-    _share_kernel[(64,)](fill, torch.from_numpy(values).to(DEVICE), seen, shared, num_warps=4)
-    seen, shared = seen.cpu().numpy(), shared.cpu().numpy()
+    seen_dev = torch.empty(64, dtype=torch.float32, device=DEVICE)
+    shared_dev = torch.empty_like(seen_dev)
+    _share_kernel[(64,)](fill, torch.from_numpy(values).to(DEVICE), seen_dev, shared_dev,
+                         num_warps=4)
+    seen, shared = seen_dev.cpu().numpy(), shared_dev.cpu().numpy()
     # The word after the fill holds the largest value as an order key.
     assert _as_floats(fill.cpu().numpy()[1:].view(np.uint32))[0] == values.max()
     # Each program gets back at least its own value, and only a value some program published.
@@ -157,5 +158,14 @@ def test_chunks_see_the_largest_floor_published_before_them(kind):
         assert np.isnan(seen[0]) and np.array_equal(seen[1:], before[:-1])
         assert np.array_equal(shared, before)
     else:
-        # Programs run concurrently: each sees nothing yet (NaN) or a published value.
+        # Programs run concurrently: each sees nothing yet (NaN) or a published value, never
+        # more than what its own publish then returns (the word only grows).
         assert (np.isnan(seen) | np.isin(seen, values)).all()
+        assert (np.isnan(seen) | (seen <= shared)).all()
+    # Once every program has published, a later chunk reads the largest value, and publishing
+    # a smaller one gets the largest back.
+    later = np.full(64, values.min() - np.float32(1.0), np.float32)
+    seen, shared = torch.empty_like(seen_dev), torch.empty_like(seen_dev)
+    _share_kernel[(64,)](fill, torch.from_numpy(later).to(DEVICE), seen, shared, num_warps=4)
+    assert (seen.cpu().numpy() == values.max()).all()
+    assert (shared.cpu().numpy() == values.max()).all()
