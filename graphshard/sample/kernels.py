@@ -88,6 +88,7 @@ from graphshard.sample.workspace import (CHUNK_TOP, MAX_LOGPROBS, P_ARG_X, P_ARG
 __all__ = ["SamplerWorkspace", "sample"]
 
 LOGITS_DTYPES = tuple(getattr(torch, name) for name in config.LOGITS_DTYPES)
+_DTYPE_NAMES = ", ".join(config.LOGITS_DTYPES[:-1]) + " or " + config.LOGITS_DTYPES[-1]
 # Launch option of both kernels: no fused multiply-add. A score `x * inv_temp` must round the
 # same wherever it is computed (the scan, the pool, the reference): fused into `x * inv_temp -
 # max` it keeps the product's rounding error, which at a temperature of 1e-30 is ~1e24.
@@ -555,7 +556,7 @@ def sample(logits: torch.Tensor, *, vocab_size: int, num_reqs: torch.Tensor,
     if not isinstance(logits, torch.Tensor):
         raise TypeError(f"logits must be a torch.Tensor, got {type(logits).__name__}")
     if logits.dtype not in LOGITS_DTYPES:
-        raise TypeError(f"logits must be one of {', '.join(config.LOGITS_DTYPES)}, got {logits.dtype}")
+        raise TypeError(f"logits must be {_DTYPE_NAMES}, got {logits.dtype}")
     if logits.dim() != 2 or (logits.shape[1] > 1 and logits.stride(1) != 1):
         raise ValueError(f"logits must be 2-D [rows, padded_vocab] with a contiguous last dim, "
                          f"got shape {tuple(logits.shape)} strides {logits.stride()}")
