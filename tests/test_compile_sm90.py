@@ -42,6 +42,7 @@ def _compile(kernel, args: dict, consts: dict, num_warps: int, tmp: str, **optio
     from triton.compiler import ASTSource
 
     names = inspect.signature(kernel.fn).parameters
+    # A tuple argument's type is a tuple (or the same NamedTuple) of its elements' types.
     sig = {n: ("constexpr" if n in consts else args[n]) for n in names}
     ck = triton.compile(ASTSource(fn=kernel, signature=sig, constexprs=consts),
                         target=GPUTarget("cuda", 90, 32), options=dict(num_warps=num_warps, **options))
@@ -56,10 +57,9 @@ def _compile(kernel, args: dict, consts: dict, num_warps: int, tmp: str, **optio
 
 def report() -> list[dict]:
     """Compile every variant below; one dict per kernel variant."""
-    import triton
-
     from graphshard.sample import kernels as sampler
     from graphshard.plan.kernel import _plan_kernel
+    from graphshard.plan.layout import PlanBuffers
     from graphshard.sample.workspace import CHUNK_SIZE, pool_size_for
 
     rows = []
@@ -67,32 +67,25 @@ def report() -> list[dict]:
         for vocab, dtype, m, k, bitmask in [(152064, "fp32", 1, 20, False),
                                             (32000, "bf16", 3, 3, True)]:
             splits = -(-vocab // CHUNK_SIZE)
-            common = dict(logits_ptr=f"*{dtype}", logits_stride="i32", num_reqs_ptr="*i32",
-                          req_slots_ptr="*i32", cu_num_logits_ptr="*i32", seq_lens_ptr="*i32",
-                          bitmask_ptr="*i32", bitmask_stride="i32", bitmask_rows_ptr="*i32",
-                          bitmask_on_ptr="*i32", slots_ptr="*i32", ws_ptr="*i32",
-                          records_ptr="*i32", records_stride="i32", rows="i32",
-                          draft_ptr="*i32")
+            i32 = "*i32"
+            common = dict(logits=(f"*{dtype}", "i32"), num_reqs_ptr=i32, req_slots_ptr=i32,
+                          cu_num_logits_ptr=i32, seq_lens_ptr=i32,
+                          mask=sampler.Bitmask(i32, "i32", i32, i32), slots_ptr=i32,
+                          workspace=(i32, "i32"), records=(i32, "i32"), draft_ptr=i32)
             shared = dict(VOCAB=vocab, M=m, K=k, SPLITS=splits,
-                          CAP=pool_size_for(splits, vocab, None), TOP=256, HAS_BITMASK=bitmask,
-                          HAS_BITMASK_FLAG=bitmask)
+                          CAP=pool_size_for(splits, vocab, None), BLOCK=sampler.SCAN_BLOCK_SIZE,
+                          HAS_BITMASK=bitmask, HAS_BITMASK_FLAG=bitmask)
             tag = {"vocab": vocab, "dtype": dtype, "M": m, "K": k, "bitmask": bitmask}
             options = sampler.scan_options(bitmask, sampler.SCAN_BLOCK_SIZE)
             rows.append(dict(tag, **_compile(
-                sampler._scan_kernel, common,
-                dict(shared, CHUNK=CHUNK_SIZE, LANES=1024, SMALL_LANES=sampler.SMALL_FLOOR_LANES,
-                     BLOCK=sampler.SCAN_BLOCK_SIZE,
-                     FLOOR_PASSES=sampler.FLOOR_PASSES, RADIX_BITS=sampler.RADIX_BITS),
+                sampler._scan_kernel, common, dict(shared, CHUNK=CHUNK_SIZE),
                 options.pop("num_warps"), tmp, **options)))
-            k_p = max(triton.next_power_of_2(k), 2)
             rows.append(dict(tag, **_compile(
                 sampler._finish_kernel, common,
-                dict(shared, M_P=triton.next_power_of_2(m), K_P=k_p,
-                     SPLITS_P=triton.next_power_of_2(splits), TILE=sampler.POOL_TILE,
-                     HAS_DRAFTS=m > 1, BLOCK=sampler.SCAN_BLOCK_SIZE, SMALL_BLOCK=512,
-                     RADIX_BITS=sampler.RADIX_BITS), 8, tmp, **sampler.NO_FMA)))
+                dict(shared, HAS_DRAFTS=m > 1, SMALL_BLOCK=512), 8, tmp, **sampler.NO_FMA)))
         plan_args = {n: "*i32" for n in inspect.signature(_plan_kernel.fn).parameters}
-        plan_args.update(max_num_reqs="i32", max_num_rows="i32", gather_stride="i32")
+        plan_args.update(plan=PlanBuffers(*["*i32"] * len(PlanBuffers._fields)),
+                         max_num_reqs="i32", max_num_rows="i32", gather_stride="i32")
         rows.append(_compile(_plan_kernel, plan_args,
                              dict(TP_SIZE=2, TP_RANK=1, PADDED_NUM_REQS=1024,
                                   PADDED_NUM_LOGITS_PER_REQ=4, HAS_DRAFTS=True), 8, tmp))
@@ -109,12 +102,12 @@ def _divergence_kernels(tmp: str) -> list[dict]:
         names = inspect.signature(kernel.fn).parameters
         return {n: types.get(n, "*i64") for n in names if n not in consts}
 
-    world = dict(WORLD_SIZE=2, WORLD_POW2=2)
+    world = dict(WORLD_SIZE=2)
     rows_c = dict(world, VOCAB_SHARD=76032, MAX_BLOCKS=256, CHANNEL=0, ALL_ROWS=False, FENCE=False,
                   AGREE=True, BLOCK=4096)
-    records_c = dict(world, WIDTH=4, WIDTH_POW2=4, REQ_TILE=32, MAX_BLOCKS=256, CHANNEL=2,
-                     FENCE_BEFORE=False, DONE=True, AGREE=True)
-    judge_c = dict(world, DONE=True)  # judges, then ends the step
+    records_c = dict(world, WIDTH=4, REQ_TILE=32, MAX_BLOCKS=256, CHANNEL=2, FENCE_BEFORE=False,
+                     DONE=True, AGREE=True)
+    judge_c = dict(world, WORLD_POW2=2, DONE=True)  # judges, then ends the step
     i32 = "*i32"
     return [
         _compile(_seal_kernel, args(_seal_kernel, {}, out_ptr=i32, max_num_reqs="i32"), {}, 4,
@@ -122,14 +115,15 @@ def _divergence_kernels(tmp: str) -> list[dict]:
         _compile(_judge_kernel, args(_judge_kernel, judge_c, digests_ptr=i32, rank_stride="i32"),
                  judge_c, 1, tmp),
         _compile(_push_rows_kernel, args(
-            _push_rows_kernel, rows_c, src_ptr="*fp32", src_row_stride="i32", send_rows_ptr=i32,
-            row_offsets_ptr=i32, num_rows="i32", status_ptr=i32, max_num_reqs="i32", rank="i32",
-            timeout_ns="i64"),
+            _push_rows_kernel, rows_c, src=("*fp32", "i32"), send_rows_ptr=i32,
+            row_offsets_ptr=i32, num_rows="i32", status_ptr=i32, digest=("*i64", "i32", "*i64"),
+            rank="i32", timeout_ns="i64"),
             rows_c, 8, tmp),
         _compile(_push_records_kernel, args(
-            _push_records_kernel, records_c, records_ptr=i32, records_row_stride="i32",
-            local_num_reqs_ptr=i32, local_req_indices_ptr=i32, status_ptr=i32, arrivals_ptr=i32,
-            rank="i32", timeout_ns="i64"), records_c, 4, tmp),
+            _push_records_kernel, records_c, records=(i32, "i32"), local_num_reqs_ptr=i32,
+            local_req_indices_ptr=i32, status_ptr=i32, arrivals_ptr=i32,
+            done=("*i64", "*i64", "*i64"), verdict=("*i64", "*i64"), rank="i32",
+            timeout_ns="i64"), records_c, 4, tmp),
     ]
 
 

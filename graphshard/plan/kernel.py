@@ -29,11 +29,7 @@ def _plan_body(
     seq_lens_ptr,  # [N] int32
     num_reqs_in_ptr,  # [1] int32
     draft_tokens_ptr,  # [R] int32 (unused without HAS_DRAFTS)
-    num_reqs_ptr, owner_num_reqs_ptr, owner_num_rows_ptr, owner_req_offsets_ptr,
-    owner_row_offsets_ptr, send_rows_ptr, gathered_src_indices_ptr, local_num_reqs_ptr,
-    local_num_rows_ptr, local_req_indices_ptr, local_idx_mapping_ptr, local_cu_num_logits_ptr,
-    local_seq_lens_ptr, local_row_src_ptr, local_row_slot_ptr, local_row_pos_ptr,
-    local_draft_tokens_ptr,
+    plan,  # PlanBuffers: the outputs
     max_num_reqs,
     max_num_rows,
     gather_stride,
@@ -70,117 +66,98 @@ def _plan_body(
         rank_in_owner = tl.where(mine, reqs_incl - 1, rank_in_owner)
         row_in_owner = tl.where(mine, rows_excl, row_in_owner)
         send_start = tl.where(mine, row_offset + rows_excl, send_start)
-        tl.store(owner_num_reqs_ptr + d, count)
-        tl.store(owner_num_rows_ptr + d, total)
-        tl.store(owner_req_offsets_ptr + d, req_offset)
-        tl.store(owner_row_offsets_ptr + d, row_offset)
+        tl.store(plan.owner_num_reqs + d, count)
+        tl.store(plan.owner_num_rows + d, total)
+        tl.store(plan.owner_req_offsets + d, req_offset)
+        tl.store(plan.owner_row_offsets + d, row_offset)
         if d == TP_RANK:
             local_reqs = count
             local_rows = total
         req_offset += count
         row_offset += total
-    tl.store(owner_req_offsets_ptr + TP_SIZE, req_offset)
-    tl.store(owner_row_offsets_ptr + TP_SIZE, row_offset)
-    tl.store(num_reqs_ptr, n)
-    tl.store(local_num_reqs_ptr, local_reqs)
-    tl.store(local_num_rows_ptr, local_rows)
-    tl.store(gathered_src_indices_ptr + reqs, tl.where(live, owner * gather_stride + rank_in_owner, 0),
+    tl.store(plan.owner_req_offsets + TP_SIZE, req_offset)
+    tl.store(plan.owner_row_offsets + TP_SIZE, row_offset)
+    tl.store(plan.num_reqs, n)
+    tl.store(plan.local_num_reqs, local_reqs)
+    tl.store(plan.local_num_rows, local_rows)
+    tl.store(plan.gathered_src_indices + reqs, tl.where(live, owner * gather_stride + rank_in_owner, 0),
              mask=in_range)
 
     # Local per-request fields: scatter live local requests to their rank, zero the tail.
     # The two store sets touch disjoint addresses, so their order does not matter.
     local = live & (owner == TP_RANK)
     tail = in_range & (reqs >= local_reqs)
-    tl.store(local_req_indices_ptr + rank_in_owner, reqs, mask=local)
-    tl.store(local_idx_mapping_ptr + rank_in_owner, slot, mask=local)
+    tl.store(plan.local_req_indices + rank_in_owner, reqs, mask=local)
+    tl.store(plan.local_idx_mapping + rank_in_owner, slot, mask=local)
     seq_len = tl.load(seq_lens_ptr + reqs, mask=local, other=0)
-    tl.store(local_seq_lens_ptr + rank_in_owner, seq_len, mask=local)
-    tl.store(local_cu_num_logits_ptr + rank_in_owner + 1, row_in_owner + num_rows, mask=local)
+    tl.store(plan.local_seq_lens + rank_in_owner, seq_len, mask=local)
+    tl.store(plan.local_cu_num_logits + rank_in_owner + 1, row_in_owner + num_rows, mask=local)
     zeros = tl.zeros([PADDED_NUM_REQS], dtype=tl.int32)
-    tl.store(local_req_indices_ptr + reqs, zeros, mask=tail)
-    tl.store(local_idx_mapping_ptr + reqs, zeros, mask=tail)
-    tl.store(local_seq_lens_ptr + reqs, zeros, mask=tail)
-    tl.store(local_cu_num_logits_ptr + reqs + 1, zeros + local_rows, mask=tail)
-    tl.store(local_cu_num_logits_ptr, 0)
+    tl.store(plan.local_req_indices + reqs, zeros, mask=tail)
+    tl.store(plan.local_idx_mapping + reqs, zeros, mask=tail)
+    tl.store(plan.local_seq_lens + reqs, zeros, mask=tail)
+    tl.store(plan.local_cu_num_logits + reqs + 1, zeros + local_rows, mask=tail)
+    tl.store(plan.local_cu_num_logits, 0)
 
     # Per-row fields: row k of request i goes to send position send_start[i] + k and, when
     # local, to local row row_in_owner[i] + k.
     for k in tl.static_range(PADDED_NUM_LOGITS_PER_REQ):
         has_row = live & (k < num_rows)
         src = row_start + k
-        tl.store(send_rows_ptr + send_start + k, src, mask=has_row)
+        tl.store(plan.send_rows + send_start + k, src, mask=has_row)
         local_row = row_in_owner + k
         is_local_row = has_row & local
-        tl.store(local_row_src_ptr + local_row, src, mask=is_local_row)
-        tl.store(local_row_slot_ptr + local_row, slot, mask=is_local_row)
-        tl.store(local_row_pos_ptr + local_row, zeros + k, mask=is_local_row)
+        tl.store(plan.local_row_src + local_row, src, mask=is_local_row)
+        tl.store(plan.local_row_slot + local_row, slot, mask=is_local_row)
+        tl.store(plan.local_row_pos + local_row, zeros + k, mask=is_local_row)
         if HAS_DRAFTS:
             draft = tl.load(draft_tokens_ptr + src, mask=is_local_row, other=0)
         else:
             draft = zeros
-        tl.store(local_draft_tokens_ptr + local_row, draft, mask=is_local_row)
+        tl.store(plan.local_draft_tokens + local_row, draft, mask=is_local_row)
 
     # Zero the row tails: send rows past all live rows, local rows past the local count.
     for k in tl.static_range(PADDED_NUM_LOGITS_PER_REQ):
         rows = k * PADDED_NUM_REQS + reqs
         in_rows = rows < max_num_rows
-        tl.store(send_rows_ptr + rows, zeros, mask=in_rows & (rows >= row_offset))
+        tl.store(plan.send_rows + rows, zeros, mask=in_rows & (rows >= row_offset))
         local_tail = in_rows & (rows >= local_rows)
-        tl.store(local_row_src_ptr + rows, zeros, mask=local_tail)
-        tl.store(local_row_slot_ptr + rows, zeros, mask=local_tail)
-        tl.store(local_row_pos_ptr + rows, zeros, mask=local_tail)
-        tl.store(local_draft_tokens_ptr + rows, zeros, mask=local_tail)
+        tl.store(plan.local_row_src + rows, zeros, mask=local_tail)
+        tl.store(plan.local_row_slot + rows, zeros, mask=local_tail)
+        tl.store(plan.local_row_pos + rows, zeros, mask=local_tail)
+        tl.store(plan.local_draft_tokens + rows, zeros, mask=local_tail)
 
 
 @triton.jit(do_not_specialize=["max_num_reqs", "max_num_rows", "gather_stride"])
 def _plan_kernel(
-    idx_mapping_ptr, cu_num_logits_ptr, seq_lens_ptr, num_reqs_in_ptr, draft_tokens_ptr,
-    num_reqs_ptr, owner_num_reqs_ptr, owner_num_rows_ptr, owner_req_offsets_ptr,
-    owner_row_offsets_ptr, send_rows_ptr, gathered_src_indices_ptr, local_num_reqs_ptr,
-    local_num_rows_ptr, local_req_indices_ptr, local_idx_mapping_ptr, local_cu_num_logits_ptr,
-    local_seq_lens_ptr, local_row_src_ptr, local_row_slot_ptr, local_row_pos_ptr,
-    local_draft_tokens_ptr, max_num_reqs, max_num_rows, gather_stride,
-    TP_SIZE: tl.constexpr, TP_RANK: tl.constexpr, PADDED_NUM_REQS: tl.constexpr,
-    PADDED_NUM_LOGITS_PER_REQ: tl.constexpr, HAS_DRAFTS: tl.constexpr,
+    idx_mapping_ptr, cu_num_logits_ptr, seq_lens_ptr, num_reqs_in_ptr, draft_tokens_ptr, plan,
+    max_num_reqs, max_num_rows, gather_stride, TP_SIZE: tl.constexpr, TP_RANK: tl.constexpr,
+    PADDED_NUM_REQS: tl.constexpr, PADDED_NUM_LOGITS_PER_REQ: tl.constexpr,
+    HAS_DRAFTS: tl.constexpr,
 ):
-    _plan_body(
-        idx_mapping_ptr, cu_num_logits_ptr, seq_lens_ptr, num_reqs_in_ptr, draft_tokens_ptr,
-        num_reqs_ptr, owner_num_reqs_ptr, owner_num_rows_ptr, owner_req_offsets_ptr,
-        owner_row_offsets_ptr, send_rows_ptr, gathered_src_indices_ptr, local_num_reqs_ptr,
-        local_num_rows_ptr, local_req_indices_ptr, local_idx_mapping_ptr, local_cu_num_logits_ptr,
-        local_seq_lens_ptr, local_row_src_ptr, local_row_slot_ptr, local_row_pos_ptr,
-        local_draft_tokens_ptr, max_num_reqs, max_num_rows, gather_stride,
-        TP_SIZE, TP_RANK, PADDED_NUM_REQS, PADDED_NUM_LOGITS_PER_REQ, HAS_DRAFTS)
+    _plan_body(idx_mapping_ptr, cu_num_logits_ptr, seq_lens_ptr, num_reqs_in_ptr, draft_tokens_ptr,
+               plan, max_num_reqs, max_num_rows, gather_stride, TP_SIZE, TP_RANK, PADDED_NUM_REQS,
+               PADDED_NUM_LOGITS_PER_REQ, HAS_DRAFTS)
 
 
-@triton.jit(do_not_specialize=["staged_max_reqs", "row_words64", "max_num_reqs",
-                               "max_num_rows", "gather_stride"])
+@triton.jit(do_not_specialize=["staged", "max_num_reqs", "max_num_rows", "gather_stride"])
 def _fetch_plan_kernel(
-    rows_ptr, meta_ptr, last_ptr, staged_max_reqs, row_words64,  # Staging.fetch_args
+    staged,  # Staging.fetch_args()
     idx_mapping_ptr, cu_num_logits_ptr, seq_lens_ptr, num_reqs_in_ptr,  # views of meta
-    draft_tokens_ptr,
-    num_reqs_ptr, owner_num_reqs_ptr, owner_num_rows_ptr, owner_req_offsets_ptr,
-    owner_row_offsets_ptr, send_rows_ptr, gathered_src_indices_ptr, local_num_reqs_ptr,
-    local_num_rows_ptr, local_req_indices_ptr, local_idx_mapping_ptr, local_cu_num_logits_ptr,
-    local_seq_lens_ptr, local_row_src_ptr, local_row_slot_ptr, local_row_pos_ptr,
-    local_draft_tokens_ptr, max_num_reqs, max_num_rows, gather_stride,
-    TP_SIZE: tl.constexpr, TP_RANK: tl.constexpr, PADDED_NUM_REQS: tl.constexpr,
+    draft_tokens_ptr, plan, max_num_reqs, max_num_rows, gather_stride, TP_SIZE: tl.constexpr,
+    TP_RANK: tl.constexpr, PADDED_NUM_REQS: tl.constexpr,
     PADDED_NUM_LOGITS_PER_REQ: tl.constexpr, HAS_DRAFTS: tl.constexpr,
     FETCH_BLOCK: tl.constexpr,
 ):
+    rows_ptr, meta_ptr, last_ptr, staged_max_reqs, row_words64 = staged
     fetch_row(rows_ptr, meta_ptr, last_ptr, staged_max_reqs, row_words64, 0, FETCH_BLOCK,
               FETCH_BLOCK)
     # The plan reads meta words other threads of this program just stored: a block-wide
     # barrier orders those global stores before its loads.
     tl.debug_barrier()
-    _plan_body(
-        idx_mapping_ptr, cu_num_logits_ptr, seq_lens_ptr, num_reqs_in_ptr, draft_tokens_ptr,
-        num_reqs_ptr, owner_num_reqs_ptr, owner_num_rows_ptr, owner_req_offsets_ptr,
-        owner_row_offsets_ptr, send_rows_ptr, gathered_src_indices_ptr, local_num_reqs_ptr,
-        local_num_rows_ptr, local_req_indices_ptr, local_idx_mapping_ptr, local_cu_num_logits_ptr,
-        local_seq_lens_ptr, local_row_src_ptr, local_row_slot_ptr, local_row_pos_ptr,
-        local_draft_tokens_ptr, max_num_reqs, max_num_rows, gather_stride,
-        TP_SIZE, TP_RANK, PADDED_NUM_REQS, PADDED_NUM_LOGITS_PER_REQ, HAS_DRAFTS)
+    _plan_body(idx_mapping_ptr, cu_num_logits_ptr, seq_lens_ptr, num_reqs_in_ptr, draft_tokens_ptr,
+               plan, max_num_reqs, max_num_rows, gather_stride, TP_SIZE, TP_RANK, PADDED_NUM_REQS,
+               PADDED_NUM_LOGITS_PER_REQ, HAS_DRAFTS)
 
 
 def _check_plan_args(out: PlanBuffers, *, idx_mapping, cu_num_logits, seq_lens, num_reqs,
@@ -209,8 +186,8 @@ def _plan_launch_args(out: PlanBuffers, *, tp_rank: int, gather_stride: int,
     """Arguments after the four inputs (drafts, outputs, sizes) and the constexprs."""
     max_reqs, max_rows = out.max_num_reqs, out.send_rows.shape[0]
     padded_reqs = triton.next_power_of_2(max_reqs)
-    args = (draft_token_ids if draft_token_ids is not None else out.local_draft_tokens,
-            *out.as_dict().values(), max_reqs, max_rows, gather_stride)
+    args = (draft_token_ids if draft_token_ids is not None else out.local_draft_tokens, out,
+            max_reqs, max_rows, gather_stride)
     constexprs = dict(TP_SIZE=out.tp_size, TP_RANK=tp_rank, PADDED_NUM_REQS=padded_reqs,
                       PADDED_NUM_LOGITS_PER_REQ=triton.next_power_of_2(max_num_logits_per_req),
                       HAS_DRAFTS=draft_token_ids is not None,
@@ -253,8 +230,8 @@ def fetch_and_plan(staging: Staging, out: PlanBuffers, *, tp_rank: int, gather_s
                      seq_lens=seq_lens, num_reqs=num_reqs, **options)
     args, constexprs = _plan_launch_args(out, **options)
     staging.pull()
-    fetch = staging.fetch_args()
-    launch(_fetch_plan_kernel, (1,), *fetch, idx_mapping, cu_num_logits, seq_lens, num_reqs,
-           *args, FETCH_BLOCK=min(_MAX_FETCH_BLOCK, triton.next_power_of_2(3 * fetch[3] + 1)),
+    staged = staging.fetch_args()
+    launch(_fetch_plan_kernel, (1,), staged, idx_mapping, cu_num_logits, seq_lens, num_reqs,
+           *args, FETCH_BLOCK=min(_MAX_FETCH_BLOCK, triton.next_power_of_2(3 * staged[3] + 1)),
            **constexprs)
     return out

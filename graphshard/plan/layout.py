@@ -7,7 +7,7 @@ the tail of `local_cu_num_logits` (so it stays non-decreasing).
 
 from __future__ import annotations
 
-from dataclasses import dataclass, fields
+from typing import NamedTuple
 
 import numpy as np
 import torch
@@ -55,9 +55,9 @@ def plan_shapes(max_num_reqs: int, max_num_logits_per_req: int, tp_size: int) ->
     return {name: (size[doc[1:doc.index("]")]],) for name, doc in PLAN_DOC.items()}
 
 
-@dataclass
-class PlanBuffers:
-    """Device tensors the plan kernel writes, allocated once at the padded maximum."""
+class PlanBuffers(NamedTuple):
+    """Device tensors the plan kernel writes, allocated once at the padded maximum. A NamedTuple:
+    the kernels take it as one argument."""
 
     num_reqs: torch.Tensor
     owner_num_reqs: torch.Tensor
@@ -93,7 +93,7 @@ class PlanBuffers:
         return self.local_idx_mapping.shape[0]
 
     def as_dict(self) -> dict[str, torch.Tensor]:
-        return {f.name: getattr(self, f.name) for f in fields(self)}
+        return self._asdict()
 
 
-assert tuple(f.name for f in fields(PlanBuffers)) == PLAN_FIELDS
+assert PlanBuffers._fields == PLAN_FIELDS

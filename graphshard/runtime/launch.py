@@ -39,7 +39,7 @@ def _option(kernel, name: str) -> set:
 def specialization_key(kernel, args: tuple, kwargs: dict) -> tuple:
     """What Triton compiles a separate binary for: constexprs by value, int args equal to 1 or
     divisible by 16 (unless marked do_not_specialize), pointer alignment (unless marked
-    do_not_specialize_on_alignment). Used to count
+    do_not_specialize_on_alignment), the elements of a tuple argument alike. Used to count
     compilations where the interpreter compiles nothing."""
     names, constexprs, no_spec, any_alignment = _signature(kernel)
     bound = dict(zip(names, args))
@@ -51,19 +51,27 @@ def specialization_key(kernel, args: tuple, kwargs: dict) -> tuple:
         v = bound[name]
         if name in constexprs:
             key.append((name, repr(v)))
-        elif isinstance(v, torch.Tensor):
-            aligned = None if name in any_alignment or i in any_alignment else v.data_ptr() % 16 == 0
-            key.append((name, str(v.dtype), aligned))
-        elif isinstance(v, bool) or not isinstance(v, int):
-            key.append((name, type(v).__name__))
-        elif name in no_spec or i in no_spec:
-            key.append((name, "int"))
         else:
-            key.append((name, v == 1, v % 16 == 0))
+            key.append((name, _arg_key(v, name in no_spec or i in no_spec,
+                                       name in any_alignment or i in any_alignment)))
     for name, v in kwargs.items():
         if name not in names:  # launch options: num_warps, num_stages
             key.append((name, repr(v)))
     return tuple(key)
+
+
+def _arg_key(v, no_spec: bool, any_alignment: bool):
+    """One runtime argument's part of the key. Triton specialises a tuple's elements whatever
+    the parameter's options."""
+    if isinstance(v, tuple):
+        return tuple(_arg_key(e, False, False) for e in v)
+    if isinstance(v, torch.Tensor):
+        return (str(v.dtype), None if any_alignment else v.data_ptr() % 16 == 0)
+    if isinstance(v, bool) or not isinstance(v, int):
+        return type(v).__name__
+    if no_spec:
+        return "int"
+    return (v == 1, v % 16 == 0)
 
 
 def check_int32_vector(name: str, t, min_len: int, device: torch.device, *, where: str = "") -> None:

@@ -64,7 +64,7 @@ def chunk_floor(lane_max, need, LANES: tl.constexpr, PASSES: tl.constexpr,
     A radix search over the order-preserving keys stopped after PASSES digits: the prefix found
     so far always has `need` keys at or above it, and zeroing the undecided bits only lowers it.
     A sort would give the exact value, but costs more than the few extra captures saved."""
-    RADIX: tl.constexpr = 1 << RADIX_BITS
+    RADIX: tl.constexpr = 2**RADIX_BITS
     keys = order_key(lane_max)
     digits = tl.arange(0, RADIX).to(tl.uint32)
     prefix = tl.full((), 0, tl.uint32)
@@ -167,7 +167,7 @@ def search_pool(pool_x_ptr, pool_id_ptr, n_cand, inv_temp, max_score, low_score,
     """Largest score key T with W(captured allowed scores >= T, and >= low_score) >= target,
     decided RADIX_BITS bits per pass. W counts (top-k) or sums exp(s - max_score) (top-p).
     Returns (T as a score, W of everything counted): W below target means no such T."""
-    RADIX: tl.constexpr = 1 << RADIX_BITS
+    RADIX: tl.constexpr = 2**RADIX_BITS
     digits = tl.arange(0, RADIX).to(tl.uint32)
     prefix = tl.full((), 0, tl.uint32)
     total = tl.full((), 0.0, tl.float32)

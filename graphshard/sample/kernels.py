@@ -68,6 +68,8 @@ vocabulary, not on the batch.
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import torch
 import triton
 import triton.language as tl
@@ -77,13 +79,14 @@ from graphshard.sample import rng
 from graphshard.runtime.launch import check_int32_vector, launch
 from graphshard.sample.params import SLOT_WIDTH, SlotTables
 from graphshard.sample.records import RecordLayout
-from graphshard.sample.resolve import load_part, settle_logprobs, settle_token, store_logprobs
+from graphshard.sample.resolve import has_nan, settle_logprobs, settle_token, store_logprobs
 from graphshard.sample.rows import load_masked, scan_span, second_tile, uses_filters
 from graphshard.sample.candidates import (capture, chunk_floor, fold_lanes, published_cut,
                                           refine_floor, share_floor)
-from graphshard.sample.workspace import (CHUNK_TOP, MAX_LOGPROBS, P_ARG_X, P_ARG_Z, P_FLOOR_R, P_FLOOR_S,
-                                          P_MAX_R, P_MAX_X, P_MAX_Z, P_NAN, P_SUM_R, P_SUM_S,
-                                          SamplerWorkspace, workspace_request, workspace_row)
+from graphshard.sample.workspace import (CHUNK_TOP, MAX_LOGPROBS, P_ARG_X, P_ARG_Z, P_FLOOR_R,
+                                          P_FLOOR_S, P_MAX_R, P_MAX_X, P_MAX_Z, P_NAN, P_SUM_R,
+                                          P_SUM_S, SamplerWorkspace, padded, workspace_request,
+                                          workspace_row)
 
 __all__ = ["SamplerWorkspace", "sample"]
 
@@ -104,108 +107,147 @@ LEAN_SCAN_REGISTERS = 64
 SMALL_BLOCK_SIZE = 512
 POOL_TILE = 1024
 # Bits of a threshold decided per pass of a radix search: 16 candidates, 8 passes.
-RADIX_BITS = 4
+RADIX_BITS = tl.constexpr(4)
 # Lane maxima a chunk folds its tiles into before picking its capture floor.
 FLOOR_LANES = 1024
 # Lanes of the cheaper floor search for needs up to a quarter of them (small top-k, logprobs).
 SMALL_FLOOR_LANES = 256
 SLOT_ROW = tl.constexpr(SLOT_WIDTH)
-_NOT_SPECIALISED = ["bitmask_stride", "records_stride", "rows"]
-_ANY_ALIGNMENT = ["num_reqs_ptr", "req_slots_ptr", "cu_num_logits_ptr", "seq_lens_ptr",
-                  "bitmask_rows_ptr", "bitmask_on_ptr", "draft_ptr"]
 # Key digits a capture floor is resolved to: 16 bits (sign, exponent, 7 mantissa bits) put the
 # floor within 1% of the exact order statistic.
-FLOOR_PASSES = 4
+FLOOR_PASSES = tl.constexpr(4)
+
+
+class Bitmask(NamedTuple):
+    """The grammar bitmask of a launch (HAS_BITMASK), and its per-step switch (HAS_BITMASK_FLAG)."""
+
+    words: torch.Tensor  # [num_bitmask_rows, ceil(vocab / 32)] int32
+    stride: int
+    rows: torch.Tensor  # [num_rows] int32: the bitmask row of each logits row
+    on: torch.Tensor  # [1] int32: 0 = this step has no bitmask
+
+
+# Sizes the kernels derive from their constexprs (plain Python, run when a kernel compiles).
+@triton.constexpr_function
+def floor_lanes(block):
+    return min(FLOOR_LANES, block)
+
+
+@triton.constexpr_function
+def small_floor_lanes(block):
+    return min(SMALL_FLOOR_LANES, floor_lanes(block))
+
+
+@triton.constexpr_function
+def chunk_top(block):
+    """Candidates a chunk keeps for filters without a small top-k (and the rank of a token)."""
+    return min(CHUNK_TOP, floor_lanes(block))
+
+
+@triton.constexpr_function
+def pool_tile(cap, k):
+    return max(min(POOL_TILE, cap), padded(k))
+
+
+# Arguments that travel together go as tuples: (pointer, row stride) of the logits and of the
+# records, (buffer, rows) of the workspace, and the Bitmask. Triton specialises a tuple's
+# elements whatever the parameter's options (an int on being 1 or divisible by 16, a pointer on
+# 16-byte alignment), so a tuple holds only what is fixed for a caller's lifetime; a stride
+# divisible by 16 lets the row loads vectorise. Nothing that varies per step is an int argument.
+# The per-request inputs are read a word at a time, so their alignment buys nothing: they stay
+# separate pointers, not specialised on it, so that the engine (views into one staging buffer)
+# and a caller with fresh tensors (the oracle) share one compiled kernel.
+_ANY_ALIGNMENT = ["num_reqs_ptr", "req_slots_ptr", "cu_num_logits_ptr", "seq_lens_ptr",
+                  "draft_ptr"]
 
 
 # --------------------------------------------------------------------------- shared set-up
 
 
 @triton.jit
-def _request(num_reqs_ptr, req_slots_ptr, cu_num_logits_ptr, seq_lens_ptr, req, M: tl.constexpr):
-    """(live, slot, first logits row, row count m <= M, seq_len) of request `req`."""
+def _open_row(num_reqs_ptr, req_slots_ptr, cu_num_logits_ptr, seq_lens_ptr, row_id,
+              M: tl.constexpr):
+    """Both launches' first step: (live: the row's request is live and has the row, request,
+    row within it, first logits row, row count m <= M, seq_len, slot)."""
+    req = row_id // M
+    r = row_id % M
     live = req < tl.load(num_reqs_ptr)
-    req = tl.where(live, req, 0)
-    first_row = tl.load(cu_num_logits_ptr + req)
-    m = tl.minimum(tl.load(cu_num_logits_ptr + req + 1) - first_row, M)
-    return live, tl.load(req_slots_ptr + req), first_row, m, tl.load(seq_lens_ptr + req)
+    at = tl.where(live, req, 0)
+    first_row = tl.load(cu_num_logits_ptr + at)
+    m = tl.minimum(tl.load(cu_num_logits_ptr + at + 1) - first_row, M)
+    return (live & (r < m), req, r, first_row, m, tl.load(seq_lens_ptr + at),
+            tl.load(req_slots_ptr + at))
 
 
 @triton.jit
-def _slot_params(slots_ptr, slot, VOCAB: tl.constexpr, K: tl.constexpr):
-    """One slot's row of the packed table -> (1 / temperature (1 when greedy), top_k, top_p,
-    min_p, seed_lo, seed_hi, logprobs wanted (<= K), random, filtered)."""
-    row = slots_ptr + slot * SLOT_ROW
-    temperature = tl.load(row).to(tl.float32, bitcast=True)
-    top_k = tl.load(row + 1)
-    top_p = tl.load(row + 2).to(tl.float32, bitcast=True)
-    min_p = tl.load(row + 3).to(tl.float32, bitcast=True)
-    num_logprobs = tl.minimum(tl.load(row + 6), K)
+def _row_inputs(logits, mask, slots_ptr, slot, row, position, VOCAB: tl.constexpr,
+                K: tl.constexpr, HAS_BITMASK: tl.constexpr, HAS_BITMASK_FLAG: tl.constexpr):
+    """Both launches' set-up of a live row -> (logits row pointer, bitmask row pointer, whether
+    the bitmask applies, RNG key, and the slot's 1 / temperature (1 when greedy), top_k, top_p,
+    min_p, logprobs wanted (<= K), random, filtered)."""
+    params = slots_ptr + slot * SLOT_ROW
+    temperature = tl.load(params).to(tl.float32, bitcast=True)
+    top_k = tl.load(params + 1)
+    top_p = tl.load(params + 2).to(tl.float32, bitcast=True)
+    min_p = tl.load(params + 3).to(tl.float32, bitcast=True)
+    num_logprobs = tl.minimum(tl.load(params + 6), K)
     is_random = temperature > 0.0
     inv_temp = 1.0 / tl.where(is_random, temperature, 1.0)
     filtered = is_random & uses_filters(top_k, top_p, min_p, VOCAB)
-    return (inv_temp, top_k, top_p, min_p, tl.load(row + 4), tl.load(row + 5), num_logprobs,
-            is_random, filtered)
+    key = rng.row_key(tl.load(params + 4), tl.load(params + 5), position)
+    mask_row_ptr = mask.words
+    if HAS_BITMASK:
+        mask_row_ptr = mask.words + tl.load(mask.rows + row).to(tl.int64) * mask.stride
+    logits_ptr, logits_stride = logits
+    row_ptr = logits_ptr + row.to(tl.int64) * logits_stride
+    return (row_ptr, mask_row_ptr, _mask_on(mask, HAS_BITMASK_FLAG), key, inv_temp, top_k,
+            top_p, min_p, num_logprobs, is_random, filtered)
 
 
 @triton.jit
-def _bitmask_row(bitmask_ptr, bitmask_stride, bitmask_rows_ptr, bitmask_on_ptr, row,
-                 HAS_BITMASK: tl.constexpr, HAS_BITMASK_FLAG: tl.constexpr):
-    """(pointer to the row's bitmask words, whether the bitmask applies this step)."""
-    mask_on = True
+def _mask_on(mask, HAS_BITMASK_FLAG: tl.constexpr):
+    """Whether the bitmask applies this step."""
+    on = True
     if HAS_BITMASK_FLAG:
-        mask_on = tl.load(bitmask_on_ptr) != 0
-    mask_row_ptr = bitmask_ptr
-    if HAS_BITMASK:
-        mask_row_ptr = bitmask_ptr + tl.load(bitmask_rows_ptr + row).to(tl.int64) * bitmask_stride
-    return mask_row_ptr, mask_on
+        on = tl.load(mask.on) != 0
+    return on
 
 
 # --------------------------------------------------------------------------- launch 1: scan
 
 
-# logits_stride stays specialised: the engine's logits buffer fixes it, and a stride divisible
-# by 16 lets the row loads vectorise. Nothing that varies per step is an int argument. The
-# per-request inputs are read a word at a time, so their alignment buys nothing: not
-# specialising on it lets the engine (views into one staging buffer) and a caller with fresh
-# tensors (the oracle) share one compiled kernel.
-@triton.jit(do_not_specialize=_NOT_SPECIALISED, do_not_specialize_on_alignment=_ANY_ALIGNMENT)
+@triton.jit(do_not_specialize_on_alignment=_ANY_ALIGNMENT)
 def _scan_kernel(
-    logits_ptr,  # [num_rows, padded_vocab] fp32/bf16/fp16
-    logits_stride,
+    logits,  # (pointer to [num_rows, padded_vocab] fp32/bf16/fp16, row stride)
     num_reqs_ptr,  # [1] int32: n
     req_slots_ptr,  # [>= n] int32
     cu_num_logits_ptr,  # [>= n + 1] int32
     seq_lens_ptr,  # [>= n] int32
-    bitmask_ptr,  # [num_bitmask_rows, ceil(vocab / 32)] int32 (HAS_BITMASK)
-    bitmask_stride,
-    bitmask_rows_ptr,  # [num_rows] int32 (HAS_BITMASK)
-    bitmask_on_ptr,  # [1] int32: 0 = this step has no bitmask (HAS_BITMASK_FLAG)
+    mask,  # Bitmask (HAS_BITMASK; its flag HAS_BITMASK_FLAG)
     slots_ptr,  # [max_num_slots, SLOT_WIDTH] int32, packed SlotTables
-    ws_ptr,  # SamplerWorkspace.buffer
-    records_ptr,  # [>= n, width] int32 (_finish_kernel)
-    records_stride,
-    rows,  # rows of the workspace (max_num_reqs * M of its allocation)
+    workspace,  # (SamplerWorkspace.buffer, its rows: max_num_reqs * M of its allocation)
     VOCAB: tl.constexpr, M: tl.constexpr, K: tl.constexpr, CHUNK: tl.constexpr,
-    SPLITS: tl.constexpr, CAP: tl.constexpr, LANES: tl.constexpr, SMALL_LANES: tl.constexpr,
-    TOP: tl.constexpr, BLOCK: tl.constexpr, HAS_BITMASK: tl.constexpr,
-    HAS_BITMASK_FLAG: tl.constexpr, FLOOR_PASSES: tl.constexpr, RADIX_BITS: tl.constexpr,
+    SPLITS: tl.constexpr, CAP: tl.constexpr, BLOCK: tl.constexpr, HAS_BITMASK: tl.constexpr,
+    HAS_BITMASK_FLAG: tl.constexpr,
 ):
+    LANES: tl.constexpr = floor_lanes(BLOCK)
+    SMALL_LANES: tl.constexpr = small_floor_lanes(BLOCK)
+    TOP: tl.constexpr = chunk_top(BLOCK)
     row_id = tl.program_id(0)
-    r = row_id % M
-    live, slot, first_row, m, seq_len = _request(num_reqs_ptr, req_slots_ptr, cu_num_logits_ptr,
-                                                 seq_lens_ptr, row_id // M, M)
+    live, _, r, first_row, m, seq_len, slot = _open_row(num_reqs_ptr, req_slots_ptr,
+                                                        cu_num_logits_ptr, seq_lens_ptr, row_id, M)
     if HAS_BITMASK_FLAG:
         # With a device flag the launcher runs this kernel twice, with and without bitmask
         # support, and the flag picks which one works (the other's programs return at once):
         # a step without a bitmask streams in the lean variant, whose registers (64 against 112
         # with the mask, fp32) fit twice the programs per SM.
-        live = live & ((tl.load(bitmask_on_ptr) != 0) == HAS_BITMASK)
-    if live & (r < m):
+        live = live & (_mask_on(mask, True) == HAS_BITMASK)
+    if live:
         split = tl.program_id(1)
         row = first_row + r
-        (inv_temp, top_k, top_p, min_p, seed_lo, seed_hi, num_logprobs, is_random,
-         filtered) = _slot_params(slots_ptr, slot, VOCAB, K)
+        (row_ptr, mask_row_ptr, mask_on, key, inv_temp, top_k, top_p, min_p, num_logprobs,
+         is_random, filtered) = _row_inputs(logits, mask, slots_ptr, slot, row, seq_len + r,
+                                            VOCAB, K, HAS_BITMASK, HAS_BITMASK_FLAG)
         small_k = filtered & (top_k > 0) & (top_k <= TOP)
         # The unfiltered winner is the draw of an unfiltered row. A filtered row draws from its
         # pool, and its stream skips the per-token RNG (the finish computes the unfiltered
@@ -217,10 +259,6 @@ def _scan_kernel(
         need_r = tl.where(num_logprobs > 0,
                           tl.where(small_k, tl.maximum(num_logprobs, top_k),
                                    tl.where(is_random, TOP, num_logprobs)), 0)
-        mask_row_ptr, mask_on = _bitmask_row(bitmask_ptr, bitmask_stride, bitmask_rows_ptr,
-                                             bitmask_on_ptr, row, HAS_BITMASK, HAS_BITMASK_FLAG)
-        row_ptr = logits_ptr + row.to(tl.int64) * logits_stride
-        key = rng.row_key(seed_lo, seed_hi, seq_len + r)
         lo = split * CHUNK
         sums = (filtered & (top_p < 1.0) & ~small_k) | (num_logprobs > 0)
         # Four copies of the pass, so that greedy and unfiltered rows pay for nothing they skip.
@@ -239,7 +277,7 @@ def _scan_kernel(
                          VOCAB, BLOCK, HAS_BITMASK)
         nan, max_x, arg_x, max_z, arg_z, lane_x, lane_r, sum_s, sum_r = scan
         max_r = tl.max(lane_r, axis=0)
-        part, fill, pool_x, pool_id, stats, top = workspace_row(ws_ptr, row_id, rows, SPLITS, CAP)
+        part, fill, pool_x, pool_id, stats, top = workspace_row(workspace, row_id, SPLITS, CAP)
         floor_s = tl.full((), float("inf"), tl.float32)
         floor_r = tl.full((), float("inf"), tl.float32)
         min_p_only = filtered & (top_p >= 1.0) & ((top_k <= 0) | (top_k >= VOCAB)) \
@@ -261,11 +299,9 @@ def _scan_kernel(
                 separate = mask_on
             if separate:
                 floor_s = tl.where(need_s > 0, _lane_floor(lane_x, need_s, BLOCK, LANES,
-                                                           SMALL_LANES, FLOOR_PASSES,
-                                                           RADIX_BITS), float("inf"))
+                                                           SMALL_LANES), float("inf"))
                 floor_r = tl.where(need_r > 0, _lane_floor(lane_r, need_r, BLOCK, LANES,
-                                                           SMALL_LANES, FLOOR_PASSES,
-                                                           RADIX_BITS), float("inf"))
+                                                           SMALL_LANES), float("inf"))
                 cut_s = floor_s
                 cut_r = floor_r
             else:
@@ -278,8 +314,7 @@ def _scan_kernel(
                 if low > float("-inf"):
                     floor_s = refine_floor(lane_x, need, low, max_x)
                 else:
-                    floor_s = _lane_floor(lane_x, need, BLOCK, LANES, SMALL_LANES, FLOOR_PASSES,
-                                          RADIX_BITS)
+                    floor_s = _lane_floor(lane_x, need, BLOCK, LANES, SMALL_LANES)
                 floor_s = share_floor(fill, floor_s)
                 floor_r = floor_s
                 cut_s = floor_s
@@ -301,14 +336,15 @@ def _scan_kernel(
 
 @triton.jit
 def _lane_floor(lane_max, need, BLOCK: tl.constexpr, LANES: tl.constexpr,
-                SMALL_LANES: tl.constexpr, PASSES: tl.constexpr, RADIX_BITS: tl.constexpr):
+                SMALL_LANES: tl.constexpr):
     """`chunk_floor` over the lane maxima folded to LANES, or to SMALL_LANES when `need` is
     small: a quarter of the search for a somewhat lower floor."""
     if need * 4 <= SMALL_LANES:
-        floor = chunk_floor(fold_lanes(lane_max, BLOCK, SMALL_LANES), need, SMALL_LANES, PASSES,
-                            RADIX_BITS)
+        floor = chunk_floor(fold_lanes(lane_max, BLOCK, SMALL_LANES), need, SMALL_LANES,
+                            FLOOR_PASSES, RADIX_BITS)
     else:
-        floor = chunk_floor(fold_lanes(lane_max, BLOCK, LANES), need, LANES, PASSES, RADIX_BITS)
+        floor = chunk_floor(fold_lanes(lane_max, BLOCK, LANES), need, LANES, FLOOR_PASSES,
+                            RADIX_BITS)
     return floor
 
 
@@ -344,58 +380,52 @@ def _capture_cut(pool_x, pool_id, fill, raw, allowed, offs, scale, cut_s, cut_r,
 # --------------------------------------------------------------------------- launch 2: records
 
 
-@triton.jit(do_not_specialize=_NOT_SPECIALISED, do_not_specialize_on_alignment=_ANY_ALIGNMENT)
+@triton.jit(do_not_specialize_on_alignment=_ANY_ALIGNMENT)
 def _finish_kernel(
-    logits_ptr, logits_stride, num_reqs_ptr, req_slots_ptr, cu_num_logits_ptr, seq_lens_ptr,
-    bitmask_ptr, bitmask_stride, bitmask_rows_ptr, bitmask_on_ptr, slots_ptr, ws_ptr,
-    records_ptr, records_stride, rows,  # as _scan_kernel
+    logits, num_reqs_ptr, req_slots_ptr, cu_num_logits_ptr, seq_lens_ptr, mask, slots_ptr,
+    workspace,  # as _scan_kernel
+    records,  # (pointer to [>= n, RecordLayout.width] int32, row stride)
     draft_ptr,  # [num_rows] int32 (HAS_DRAFTS)
-    VOCAB: tl.constexpr, M: tl.constexpr, M_P: tl.constexpr, K: tl.constexpr,
-    K_P: tl.constexpr, SPLITS: tl.constexpr, SPLITS_P: tl.constexpr,
-    CAP: tl.constexpr, TILE: tl.constexpr, TOP: tl.constexpr, HAS_DRAFTS: tl.constexpr,
-    HAS_BITMASK: tl.constexpr, HAS_BITMASK_FLAG: tl.constexpr, BLOCK: tl.constexpr,
-    SMALL_BLOCK: tl.constexpr, RADIX_BITS: tl.constexpr,
+    VOCAB: tl.constexpr, M: tl.constexpr, K: tl.constexpr, SPLITS: tl.constexpr,
+    CAP: tl.constexpr, HAS_DRAFTS: tl.constexpr, HAS_BITMASK: tl.constexpr,
+    HAS_BITMASK_FLAG: tl.constexpr, BLOCK: tl.constexpr, SMALL_BLOCK: tl.constexpr,
 ):
+    TILE: tl.constexpr = pool_tile(CAP, K)
+    TOP: tl.constexpr = chunk_top(BLOCK)
     row_id = tl.program_id(0)
-    req = row_id // M
-    r = row_id % M
-    live, slot, first_row, m, seq_len = _request(num_reqs_ptr, req_slots_ptr, cu_num_logits_ptr,
-                                                 seq_lens_ptr, req, M)
-    if live & (r < m):
-        (inv_temp, top_k, top_p, min_p, seed_lo, seed_hi, num_logprobs, is_random,
-         filtered) = _slot_params(slots_ptr, slot, VOCAB, K)
-        row = first_row + r
-        part, fill, pool_x, pool_id, stats, top = workspace_row(ws_ptr, row_id, rows, SPLITS, CAP)
+    live, req, r, first_row, m, seq_len, slot = _open_row(num_reqs_ptr, req_slots_ptr,
+                                                          cu_num_logits_ptr, seq_lens_ptr, row_id,
+                                                          M)
+    if live:
+        (row_ptr, mask_row_ptr, mask_on, key, inv_temp, top_k, top_p, min_p, num_logprobs,
+         is_random, filtered) = _row_inputs(logits, mask, slots_ptr, slot, first_row + r,
+                                            seq_len + r, VOCAB, K, HAS_BITMASK, HAS_BITMASK_FLAG)
+        part, fill, pool_x, pool_id, stats, top = workspace_row(workspace, row_id, SPLITS, CAP)
         n_pool = tl.load(fill, cache_modifier=".cg")
         # Every thread reads the count before any resets it (each thread loads it itself).
         tl.debug_barrier()
         tl.store(fill, 0)  # the next launch captures into an empty pool, with no shared floor
         tl.store(fill + 1, 0)
-        mask_row_ptr, mask_on = _bitmask_row(bitmask_ptr, bitmask_stride, bitmask_rows_ptr,
-                                             bitmask_on_ptr, row, HAS_BITMASK, HAS_BITMASK_FLAG)
-        row_ptr = logits_ptr + row.to(tl.int64) * logits_stride
-        token = settle_token(part, n_pool, pool_x, pool_id, stats, row_ptr, mask_row_ptr, mask_on,
-                             rng.row_key(seed_lo, seed_hi, seq_len + r), inv_temp, top_k, top_p,
+        pool = (part, n_pool, pool_x, pool_id, stats)
+        token = settle_token(pool, row_ptr, mask_row_ptr, mask_on, key, inv_temp, top_k, top_p,
                              min_p, is_random, filtered, filtered & (top_k > 0) & (top_k <= TOP),
-                             VOCAB, SPLITS, SPLITS_P, CAP, TILE, BLOCK, SMALL_BLOCK, HAS_BITMASK,
+                             VOCAB, SPLITS, CAP, TILE, BLOCK, SMALL_BLOCK, HAS_BITMASK,
                              RADIX_BITS)
+        records_ptr, records_stride = records
         rec_ptr = records_ptr + req.to(tl.int64) * records_stride
         if K > 0:
             if num_logprobs > 0:
-                settle_logprobs(part, n_pool, pool_x, pool_id, stats, top, rec_ptr, row_ptr, r,
-                                token, num_logprobs, VOCAB, M, K, K_P, SPLITS, SPLITS_P, CAP,
-                                TILE, BLOCK, SMALL_BLOCK)
+                settle_logprobs(pool, top, rec_ptr, row_ptr, r, token, num_logprobs, VOCAB, M, K,
+                                SPLITS, CAP, TILE, BLOCK, SMALL_BLOCK)
         if M == 1:
-            _assemble(rec_ptr, token, tl.max(load_part(part, P_NAN, SPLITS, SPLITS_P, 0, False),
-                                             axis=0), 0, num_logprobs, M, K, K_P)
+            _assemble(rec_ptr, token, has_nan(part, SPLITS), 0, num_logprobs, M, K)
         else:
             # The request's rows settle in parallel; the last to finish verifies the drafts.
-            tokens, arrivals = workspace_request(ws_ptr, req, M, rows, SPLITS, CAP)
+            tokens, arrivals = workspace_request(workspace, req, M, SPLITS, CAP)
             tl.store(tokens + r, token)
             if _arrive(arrivals, m):
-                _assemble_drafts(rec_ptr, tokens, ws_ptr, req, first_row, m, draft_ptr,
-                                 num_logprobs, M, M_P, K, K_P, SPLITS, SPLITS_P, rows, CAP,
-                                 HAS_DRAFTS)
+                _assemble_drafts(rec_ptr, tokens, workspace, req, first_row, m, draft_ptr,
+                                 num_logprobs, M, K, SPLITS, CAP, HAS_DRAFTS)
 
 
 @triton.jit
@@ -411,8 +441,7 @@ def _arrive(counter_ptr, count):
 
 
 @triton.jit
-def _assemble(rec_ptr, token, num_nans, accepted, num_logprobs, M: tl.constexpr, K: tl.constexpr,
-              K_P: tl.constexpr):
+def _assemble(rec_ptr, token, num_nans, accepted, num_logprobs, M: tl.constexpr, K: tl.constexpr):
     """A one-row request's record: its token, 1 sampled, 0 rejected, its NaN count."""
     tl.store(rec_ptr, token)
     tl.store(rec_ptr + M, accepted + 1)
@@ -420,16 +449,16 @@ def _assemble(rec_ptr, token, num_nans, accepted, num_logprobs, M: tl.constexpr,
     tl.store(rec_ptr + M + 2, num_nans)
     if K > 0:
         if num_logprobs == 0:
-            _blank_logprobs(rec_ptr, 0, M, K, K_P)
+            _blank_logprobs(rec_ptr, 0, M, K)
 
 
 @triton.jit
-def _assemble_drafts(rec_ptr, tokens, ws_ptr, req, first_row, m, draft_ptr, num_logprobs,
-                     M: tl.constexpr, M_P: tl.constexpr, K: tl.constexpr, K_P: tl.constexpr,
-                     SPLITS: tl.constexpr, SPLITS_P: tl.constexpr, rows,
-                     CAP: tl.constexpr, HAS_DRAFTS: tl.constexpr):
+def _assemble_drafts(rec_ptr, tokens, workspace, req, first_row, m, draft_ptr, num_logprobs,
+                     M: tl.constexpr, K: tl.constexpr, SPLITS: tl.constexpr, CAP: tl.constexpr,
+                     HAS_DRAFTS: tl.constexpr):
     """A request's record from its rows' tokens: drafts accepted along the longest matching
     prefix (the first mismatch is the correction token), tokens past it -1, logprobs blank."""
+    M_P: tl.constexpr = triton.next_power_of_2(M)
     at = tl.arange(0, M_P)
     samples = tl.load(tokens + at, mask=at < m, other=-1, cache_modifier=".cg")
     drafts = tl.full([M_P], -1, tl.int32)
@@ -440,8 +469,8 @@ def _assemble_drafts(rec_ptr, tokens, ws_ptr, req, first_row, m, draft_ptr, num_
     num_nans = 0
     for r in range(0, M):
         if r < m:
-            part = workspace_row(ws_ptr, req * M + r, rows, SPLITS, CAP)[0]
-            num_nans += tl.max(load_part(part, P_NAN, SPLITS, SPLITS_P, 0, False), axis=0)
+            part = workspace_row(workspace, req * M + r, SPLITS, CAP)[0]
+            num_nans += has_nan(part, SPLITS)
     tl.store(rec_ptr + at, tl.where(at <= accepted, samples, -1), mask=at < M)
     tl.store(rec_ptr + M, accepted + 1)
     tl.store(rec_ptr + M + 1, m - 1 - accepted)
@@ -450,14 +479,14 @@ def _assemble_drafts(rec_ptr, tokens, ws_ptr, req, first_row, m, draft_ptr, num_
         for r in range(0, M):
             # Rows up to `accepted` hold their logprobs (written when the slot wants them).
             if (r > accepted) | (num_logprobs == 0):
-                _blank_logprobs(rec_ptr, r, M, K, K_P)
+                _blank_logprobs(rec_ptr, r, M, K)
 
 
 @triton.jit
-def _blank_logprobs(rec_ptr, r, M: tl.constexpr, K: tl.constexpr, K_P: tl.constexpr):
-    empty = tl.full([K_P], -1, tl.int32)
+def _blank_logprobs(rec_ptr, r, M: tl.constexpr, K: tl.constexpr):
+    empty = tl.full([padded(K)], -1, tl.int32)
     store_logprobs(rec_ptr, r, empty, empty.to(tl.float32),
-                   tl.full((), float("-inf"), tl.float32), tl.full((), 0, tl.int32), 0, M, K, K_P)
+                   tl.full((), float("-inf"), tl.float32), tl.full((), 0, tl.int32), 0, M, K)
 
 
 # --------------------------------------------------------------------------- host side
@@ -579,11 +608,9 @@ def sample(logits: torch.Tensor, *, vocab_size: int, num_reqs: torch.Tensor,
         check_int32_vector("draft_tokens", draft_tokens, num_rows, device, where="logits")
     _check_bitmask(bitmask, bitmask_rows, bitmask_enabled, vocab_size, num_rows, device)
     m, k = layout.max_num_logits_per_req, layout.num_logprobs
-    # tl.topk needs at least 2 entries.
-    k_p = max(triton.next_power_of_2(k), 2)
     if k > MAX_LOGPROBS.value:
         raise ValueError(f"layout.num_logprobs must be <= {MAX_LOGPROBS.value}, got {k}")
-    block = _block_size(vocab_size, k_p, block_size)
+    block = _block_size(vocab_size, padded(k), block_size)
     if workspace is None:
         workspace = SamplerWorkspace.allocate(max_num_reqs, m, vocab_size, device)
     _check_workspace(workspace, vocab_size, layout, max_num_reqs, device)
@@ -593,31 +620,22 @@ def sample(logits: torch.Tensor, *, vocab_size: int, num_reqs: torch.Tensor,
     chunk, splits, cap = workspace.chunk_size, workspace.num_splits, workspace.pool_size
     # Powers of two: the scan's tile divides its chunk.
     chunk_block = min(block, chunk, SCAN_BLOCK_SIZE)
-    lanes = min(FLOOR_LANES, chunk_block)
     dummy = cu_num_logits  # stands in for absent optional pointers; never read
-    common = (logits, logits.stride(0), num_reqs, req_slots, cu_num_logits, seq_lens,
-              bitmask if bitmask is not None else dummy,
-              bitmask.stride(0) if bitmask is not None else 0,
-              bitmask_rows if bitmask_rows is not None else dummy,
-              bitmask_enabled if bitmask_enabled is not None else dummy,
-              tables.packed, workspace.buffer, records, records.stride(0),
-              workspace.max_num_reqs * m)
+    mask = Bitmask(bitmask if bitmask is not None else dummy,
+                   bitmask.stride(0) if bitmask is not None else 0,
+                   bitmask_rows if bitmask_rows is not None else dummy,
+                   bitmask_enabled if bitmask_enabled is not None else dummy)
+    common = ((logits, logits.stride(0)), num_reqs, req_slots, cu_num_logits, seq_lens, mask,
+              tables.packed, (workspace.buffer, workspace.max_num_reqs * m))
     flags = dict(HAS_BITMASK=bitmask is not None, HAS_BITMASK_FLAG=bitmask_enabled is not None)
-    tile = max(min(POOL_TILE, cap), k_p)
-    top = min(CHUNK_TOP, lanes)
-    scan = dict(VOCAB=vocab_size, M=m, K=k, CHUNK=chunk, SPLITS=splits, CAP=cap, LANES=lanes,
-                SMALL_LANES=min(SMALL_FLOOR_LANES, lanes), TOP=top, BLOCK=chunk_block,
-                FLOOR_PASSES=FLOOR_PASSES, RADIX_BITS=RADIX_BITS)
-    launch(_scan_kernel, (max_num_reqs * m, splits), *common, **flags, **scan,
+    sizes = dict(VOCAB=vocab_size, M=m, K=k, SPLITS=splits, CAP=cap, BLOCK=chunk_block)
+    launch(_scan_kernel, (max_num_reqs * m, splits), *common, CHUNK=chunk, **sizes, **flags,
            **scan_options(bitmask is not None, chunk_block))
     if bitmask_enabled is not None:
         # The variant for steps whose flag is off (see `_scan_kernel`).
-        launch(_scan_kernel, (max_num_reqs * m, splits), *common, HAS_BITMASK=False,
-               HAS_BITMASK_FLAG=True, **scan, **scan_options(False, chunk_block))
-    launch(_finish_kernel, (max_num_reqs * m,), *common,
-           draft_tokens if draft_tokens is not None else dummy,
-           VOCAB=vocab_size, M=m, M_P=triton.next_power_of_2(m), K=k, K_P=k_p, SPLITS=splits,
-           SPLITS_P=max(triton.next_power_of_2(splits), 2), CAP=cap, TILE=tile,
-           TOP=top, HAS_DRAFTS=draft_tokens is not None, **flags, BLOCK=chunk_block,
-           SMALL_BLOCK=min(block, SMALL_BLOCK_SIZE), RADIX_BITS=RADIX_BITS,
+        launch(_scan_kernel, (max_num_reqs * m, splits), *common, CHUNK=chunk, **sizes,
+               HAS_BITMASK=False, HAS_BITMASK_FLAG=True, **scan_options(False, chunk_block))
+    launch(_finish_kernel, (max_num_reqs * m,), *common, (records, records.stride(0)),
+           draft_tokens if draft_tokens is not None else dummy, **sizes,
+           HAS_DRAFTS=draft_tokens is not None, **flags, SMALL_BLOCK=min(block, SMALL_BLOCK_SIZE),
            num_warps=8 if chunk_block >= 1024 else 4, **NO_FMA)

@@ -16,14 +16,13 @@ from graphshard.sample.candidates import (SHORT_POOL, count_raw_above, draw_pool
                                           top_raw, unpack_top)
 from graphshard.sample.workspace import (P_ARG_X, P_ARG_Z, P_FLOOR_R, P_FLOOR_S, P_MAX_R,
                                           P_MAX_X, P_MAX_Z, P_NAN, P_SUM_R, P_SUM_S, STAT_COUNTS,
-                                          STAT_DRAWS, STAT_LOGPROBS)
+                                          STAT_DRAWS, STAT_LOGPROBS, padded)
 
 
 @triton.jit
-def load_part(part_ptr, FIELD: tl.constexpr, SPLITS: tl.constexpr, SPLITS_P: tl.constexpr, other,
-              AS_FLOAT: tl.constexpr):
-    """One field of every chunk [SPLITS_P]; padding entries are `other`."""
-    splits = tl.arange(0, SPLITS_P)
+def load_part(part_ptr, FIELD: tl.constexpr, SPLITS: tl.constexpr, other, AS_FLOAT: tl.constexpr):
+    """One field of every chunk [padded(SPLITS)]; padding entries are `other`."""
+    splits = tl.arange(0, padded(SPLITS))
     vals = tl.load(part_ptr + FIELD * SPLITS + splits, mask=splits < SPLITS, other=0,
                    cache_modifier=".cg")
     if AS_FLOAT:
@@ -32,23 +31,22 @@ def load_part(part_ptr, FIELD: tl.constexpr, SPLITS: tl.constexpr, SPLITS_P: tl.
 
 
 @triton.jit
-def combine_max(part_ptr, VAL: tl.constexpr, ARG: tl.constexpr, SPLITS: tl.constexpr,
-                SPLITS_P: tl.constexpr):
+def combine_max(part_ptr, VAL: tl.constexpr, ARG: tl.constexpr, SPLITS: tl.constexpr):
     """(max, lowest id at it) of a row from its chunks' (max, lowest id at the chunk max) pairs:
     exactly the one-pass result (a chunk without finite values reports (-inf, 0))."""
-    vals = load_part(part_ptr, VAL, SPLITS, SPLITS_P, float("-inf"), True)
-    ids = load_part(part_ptr, ARG, SPLITS, SPLITS_P, 2147483647, False)
+    vals = load_part(part_ptr, VAL, SPLITS, float("-inf"), True)
+    ids = load_part(part_ptr, ARG, SPLITS, 2147483647, False)
     best = tl.max(vals, axis=0)
     return best, tl.min(tl.where(vals == best, ids, 2147483647), axis=0)
 
 
 @triton.jit
 def softmax_mass(part_ptr, MAX: tl.constexpr, SUM: tl.constexpr, row_max, scale,
-                 SPLITS: tl.constexpr, SPLITS_P: tl.constexpr):
+                 SPLITS: tl.constexpr):
     """sum over chunks of sum exp(v - row_max), from each chunk's max m_c (times `scale`) and
     its sum exp(v - m_c * scale)."""
-    maxes = load_part(part_ptr, MAX, SPLITS, SPLITS_P, float("-inf"), True) * scale
-    sums = load_part(part_ptr, SUM, SPLITS, SPLITS_P, 0.0, True)
+    maxes = load_part(part_ptr, MAX, SPLITS, float("-inf"), True) * scale
+    sums = load_part(part_ptr, SUM, SPLITS, 0.0, True)
     return tl.sum(tl.where(maxes > float("-inf"), sums * tl.exp(maxes - row_max), 0.0), axis=0)
 
 
@@ -82,9 +80,10 @@ def _token_index(token, VOCAB: tl.constexpr):
 
 @triton.jit
 def store_logprobs(rec_ptr, r, ids, vals, token_logprob, rank, num, M: tl.constexpr,
-                   K: tl.constexpr, K_P: tl.constexpr):
-    """Row r's logprob fields of a record; entries past `num` are empty."""
-    at = tl.arange(0, K_P)
+                   K: tl.constexpr):
+    """Row r's logprob fields of a record (`ids`, `vals` [padded(K)]); entries past `num` are
+    empty."""
+    at = tl.arange(0, padded(K))
     keep = at < num
     out = rec_ptr + M + 3 + r * K + at
     tl.store(out, tl.where(keep, ids, -1), mask=at < K)
@@ -95,17 +94,18 @@ def store_logprobs(rec_ptr, r, ids, vals, token_logprob, rank, num, M: tl.conste
 
 
 @triton.jit
-def settle_token(part, n_pool, pool_x, pool_id, stats, row_ptr, mask_row_ptr, mask_on, key,
-                 inv_temp, top_k, top_p, min_p, is_random, filtered, small_k,
-                 VOCAB: tl.constexpr, SPLITS: tl.constexpr, SPLITS_P: tl.constexpr,
+def settle_token(pool, row_ptr, mask_row_ptr, mask_on, key, inv_temp, top_k, top_p, min_p,
+                 is_random, filtered, small_k, VOCAB: tl.constexpr, SPLITS: tl.constexpr,
                  CAP: tl.constexpr, TILE: tl.constexpr, BLOCK: tl.constexpr,
                  SMALL_BLOCK: tl.constexpr, HAS_BITMASK: tl.constexpr, RADIX_BITS: tl.constexpr):
-    """The row's token: greedy argmax, unfiltered Gumbel winner, or the filtered draw."""
-    max_x, token = combine_max(part, P_MAX_X, P_ARG_X, SPLITS, SPLITS_P)
+    """The row's token: greedy argmax, unfiltered Gumbel winner, or the filtered draw. `pool` is
+    the row's (partials, pool count, pool logits, pool ids, stats)."""
+    part, n_pool, pool_x, pool_id, stats = pool
+    max_x, token = combine_max(part, P_MAX_X, P_ARG_X, SPLITS)
     if is_random:
         # An unfiltered row's winner. Without a finite score every chunk reports (-inf, 0):
         # the winner is token 0.
-        token = combine_max(part, P_MAX_Z, P_ARG_Z, SPLITS, SPLITS_P)[1]
+        token = combine_max(part, P_MAX_Z, P_ARG_Z, SPLITS)[1]
         max_s = max_x * inv_temp
         if SPLITS == 1:
             # A one-chunk vocabulary is one program's work whatever the path: no pool.
@@ -114,9 +114,9 @@ def settle_token(part, n_pool, pool_x, pool_id, stats, row_ptr, mask_row_ptr, ma
                                       top_k, top_p, min_p, BLOCK, SMALL_BLOCK, HAS_BITMASK,
                                       RADIX_BITS)
         elif filtered & (max_x > float("-inf")):
-            floor_x = tl.max(load_part(part, P_FLOOR_S, SPLITS, SPLITS_P, float("-inf"), True),
+            floor_x = tl.max(load_part(part, P_FLOOR_S, SPLITS, float("-inf"), True),
                              axis=0)
-            norm = softmax_mass(part, P_MAX_X, P_SUM_S, max_s, inv_temp, SPLITS, SPLITS_P)
+            norm = softmax_mass(part, P_MAX_X, P_SUM_S, max_s, inv_temp, SPLITS)
             drawn, token, t_m, k_ok = draw_from_pool(pool_x, pool_id, n_pool, floor_x, norm,
                                                      key, inv_temp, max_s, top_k, top_p, min_p,
                                                      VOCAB, CAP, TILE, RADIX_BITS)
@@ -210,34 +210,34 @@ def searched_thresholds(pool_x, pool_id, n_cand, whole, all_in, below, norm, inv
 
 
 @triton.jit
-def settle_logprobs(part, n_pool, pool_x, pool_id, stats, top, rec_ptr, row_ptr, r, token, num,
-                    VOCAB: tl.constexpr, M: tl.constexpr, K: tl.constexpr, K_P: tl.constexpr,
-                    SPLITS: tl.constexpr, SPLITS_P: tl.constexpr, CAP: tl.constexpr,
+def settle_logprobs(pool, top, rec_ptr, row_ptr, r, token, num, VOCAB: tl.constexpr,
+                    M: tl.constexpr, K: tl.constexpr, SPLITS: tl.constexpr, CAP: tl.constexpr,
                     TILE: tl.constexpr, BLOCK: tl.constexpr, SMALL_BLOCK: tl.constexpr):
     """Row r's logprob fields: the top-K list and the token's logprob from the pool when it
     holds every token they need, its rank when the token lies above every floor; whole-row
     passes for what the pool cannot prove."""
     if SPLITS == 1:
-        ids, vals, token_logprob, rank = logprob_row(row_ptr, VOCAB, token, SMALL_BLOCK, K_P)
-        store_logprobs(rec_ptr, r, ids, vals, token_logprob, rank, num, M, K, K_P)
+        ids, vals, token_logprob, rank = logprob_row(row_ptr, VOCAB, token, SMALL_BLOCK,
+                                                     padded(K))
+        store_logprobs(rec_ptr, r, ids, vals, token_logprob, rank, num, M, K)
     else:
-        _settle_logprobs_from_pool(part, n_pool, pool_x, pool_id, stats, top, rec_ptr, row_ptr,
-                                   r, token, num, VOCAB, M, K, K_P, SPLITS, SPLITS_P, CAP, TILE,
-                                   BLOCK, SMALL_BLOCK)
+        _settle_logprobs_from_pool(pool, top, rec_ptr, row_ptr, r, token, num, VOCAB, M, K,
+                                   SPLITS, CAP, TILE, BLOCK, SMALL_BLOCK)
 
 
 @triton.jit
-def _settle_logprobs_from_pool(part, n_pool, pool_x, pool_id, stats, top, rec_ptr, row_ptr, r,
-                               token, num, VOCAB: tl.constexpr, M: tl.constexpr,
-                               K: tl.constexpr, K_P: tl.constexpr, SPLITS: tl.constexpr,
-                               SPLITS_P: tl.constexpr, CAP: tl.constexpr, TILE: tl.constexpr,
-                               BLOCK: tl.constexpr, SMALL_BLOCK: tl.constexpr):
+def _settle_logprobs_from_pool(pool, top, rec_ptr, row_ptr, r, token, num, VOCAB: tl.constexpr,
+                               M: tl.constexpr, K: tl.constexpr, SPLITS: tl.constexpr,
+                               CAP: tl.constexpr, TILE: tl.constexpr, BLOCK: tl.constexpr,
+                               SMALL_BLOCK: tl.constexpr):
+    K_P: tl.constexpr = padded(K)
+    part, n_pool, pool_x, pool_id, stats = pool
     n_cand = tl.maximum(tl.minimum(n_pool, CAP), 0)
     whole = n_pool <= CAP
-    max_r = tl.max(load_part(part, P_MAX_R, SPLITS, SPLITS_P, float("-inf"), True), axis=0)
-    total = softmax_mass(part, P_MAX_R, P_SUM_R, max_r, 1.0, SPLITS, SPLITS_P)
+    max_r = tl.max(load_part(part, P_MAX_R, SPLITS, float("-inf"), True), axis=0)
+    total = softmax_mass(part, P_MAX_R, P_SUM_R, max_r, 1.0, SPLITS)
     lse = tl.where(max_r == float("-inf"), 0.0, max_r + tl.log(total))
-    floor_r = tl.max(load_part(part, P_FLOOR_R, SPLITS, SPLITS_P, float("-inf"), True), axis=0)
+    floor_r = tl.max(load_part(part, P_FLOOR_R, SPLITS, float("-inf"), True), axis=0)
     ids, vals, xs = unpack_top(top_raw(pool_x, pool_id, n_cand, num, top, CAP, TILE, K_P), lse)
     at = tl.arange(0, K_P)
     last_x = tl.max(tl.where(at == num - 1, xs, float("-inf")), axis=0)
@@ -252,13 +252,14 @@ def _settle_logprobs_from_pool(part, n_pool, pool_x, pool_id, stats, top, rec_pt
             rank = 1 + count_row(row_ptr, row_ptr, False, VOCAB, 1.0, float("inf"), 0.0, tok_x,
                                  BLOCK, False)[2]
             tl.atomic_add(stats + STAT_COUNTS, 1, sem="relaxed")
-        store_logprobs(rec_ptr, r, ids, vals, tok_x - lse, rank, num, M, K, K_P)
+        store_logprobs(rec_ptr, r, ids, vals, tok_x - lse, rank, num, M, K)
     else:
         ids, vals, token_logprob, rank = logprob_row(row_ptr, VOCAB, token, SMALL_BLOCK, K_P)
-        store_logprobs(rec_ptr, r, ids, vals, token_logprob, rank, num, M, K, K_P)
+        store_logprobs(rec_ptr, r, ids, vals, token_logprob, rank, num, M, K)
         tl.atomic_add(stats + STAT_LOGPROBS, 1, sem="relaxed")
 
 
 @triton.jit
-def has_nan(part, SPLITS: tl.constexpr, SPLITS_P: tl.constexpr):
-    return tl.max(load_part(part, P_NAN, SPLITS, SPLITS_P, 0, False), axis=0)
+def has_nan(part, SPLITS: tl.constexpr):
+    """1 if any chunk of the row holds a NaN."""
+    return tl.max(load_part(part, P_NAN, SPLITS, 0, False), axis=0)

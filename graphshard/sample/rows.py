@@ -185,7 +185,7 @@ def search_threshold(row_ptr, mask_row_ptr, mask_on, VOCAB: tl.constexpr, inv_te
     key >= floor_key (top-p: target = goal * total mass). W is non-increasing in T, so the
     number of candidate digits meeting the target picks the next digit; the result is exactly
     the k-th largest key, or the smallest kept probability of top-p."""
-    RADIX: tl.constexpr = 1 << RADIX_BITS
+    RADIX: tl.constexpr = 2**RADIX_BITS
     lanes = tl.arange(0, BLOCK)
     digits = tl.arange(0, RADIX).to(tl.uint32)
     prefix = tl.full((), 0, tl.uint32)

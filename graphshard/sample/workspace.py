@@ -50,14 +50,21 @@ STAT_COUNTS = tl.constexpr(2)
 STAT_NAMES = ("draw_fallback", "logprobs_fallback", "counted")
 
 
+@triton.constexpr_function
+def padded(n):
+    """A power of two >= n and >= 2: the width of a vector of n entries (tl.topk and the
+    per-chunk reductions need two)."""
+    return max(triton.next_power_of_2(n), 2)
+
+
 @triton.jit
-def workspace_row(ws_ptr, row_id, rows, SPLITS: tl.constexpr, CAP: tl.constexpr):
-    """Pointers to one row's sections: (partials [NUM_PART, SPLITS], pool fill (its shared
-    floor key is the next word), pool logits [CAP], pool ids [CAP], stats, top-K scratch
-    [MAX_LOGPROBS] int64). `rows` (the
-    workspace's row count) is a runtime value: one compiled kernel serves every workspace."""
+def workspace_row(workspace, row_id, SPLITS: tl.constexpr, CAP: tl.constexpr):
+    """Pointers to one row's sections of `workspace` (buffer, its row count): (partials
+    [NUM_PART, SPLITS], pool fill (its shared floor key is the next word), pool logits [CAP],
+    pool ids [CAP], stats, top-K scratch [MAX_LOGPROBS] int64)."""
+    ws_ptr, rows = workspace
     row_id = row_id.to(tl.int64)
-    ROWS = rows.to(tl.int64)
+    ROWS = tl.cast(rows, tl.int64)  # a tuple element: a constexpr when it is 1
     top = ws_ptr.to(tl.pointer_type(tl.int64)) + row_id * MAX_LOGPROBS
     base = ws_ptr + ROWS * 2 * MAX_LOGPROBS
     part = base + row_id * (NUM_PART * SPLITS)
@@ -68,10 +75,10 @@ def workspace_row(ws_ptr, row_id, rows, SPLITS: tl.constexpr, CAP: tl.constexpr)
 
 
 @triton.jit
-def workspace_request(ws_ptr, req, M: tl.constexpr, rows, SPLITS: tl.constexpr,
-                      CAP: tl.constexpr):
+def workspace_request(workspace, req, M: tl.constexpr, SPLITS: tl.constexpr, CAP: tl.constexpr):
     """Pointers to one request's (settled tokens [M], arrival counter)."""
-    ROWS = rows.to(tl.int64)
+    ws_ptr, rows = workspace
+    ROWS = tl.cast(rows, tl.int64)  # a tuple element: a constexpr when it is 1
     tokens = ws_ptr + ROWS * (2 * MAX_LOGPROBS + NUM_PART * SPLITS + 2 + 2 * CAP) + NUM_STATS
     return tokens + req * M, tokens + ROWS + req
 

@@ -190,24 +190,21 @@ def _sync(signal_ptrs_ptr, status_ptr, slot, rank, timeout_ns, MAX_BLOCKS: tl.co
                   WORLD_SIZE)
 
 
-@triton.jit(do_not_specialize=["num_rows", "max_num_reqs", "timeout_ns"])
+@triton.jit(do_not_specialize=["num_rows", "timeout_ns"])
 def _push_rows_kernel(
-    src_ptr,  # [>= rows, VOCAB_SHARD] this rank's vocab columns, batch row order
-    src_row_stride,
+    src,  # (pointer to [>= rows, VOCAB_SHARD] this rank's vocab columns, batch row order, stride)
     send_rows_ptr,  # [R] owner-sorted batch rows (exchange)
     row_offsets_ptr,  # [T+1] owner_row_offsets (exchange)
     num_rows,  # rows every rank receives (all-gather)
     dst_ptrs_ptr,  # [T] int64: each rank's receive buffer [max_num_rows, T * VOCAB_SHARD]
     signal_ptrs_ptr,  # [T] int64: each rank's signal pad [channels, MAX_BLOCKS, T]
     status_ptr,  # [4] int32: fault status (see _record_fault)
-    meta_ptr,  # AGREE: the step's fetched inputs, int64 (graphshard.transports.digest.load_digest)
-    max_num_reqs,  # AGREE: their layout's N
-    digest_ptrs_ptr,  # AGREE: [T] int64: each rank's digest buffer [T, DIGEST_WORDS] int64
+    digest,  # AGREE: (the step's fetched inputs, int64 (graphshard.transports.digest.load_digest),
+    #          their layout's N, [T] int64: each rank's digest buffer [T, DIGEST_WORDS] int64)
     rank,
     timeout_ns,
     VOCAB_SHARD: tl.constexpr,
     WORLD_SIZE: tl.constexpr,
-    WORLD_POW2: tl.constexpr,
     MAX_BLOCKS: tl.constexpr,
     CHANNEL: tl.constexpr,
     ALL_ROWS: tl.constexpr,
@@ -215,6 +212,8 @@ def _push_rows_kernel(
     AGREE: tl.constexpr,  # push this rank's step digest too (the divergence check)
     BLOCK: tl.constexpr,
 ):
+    WORLD_POW2: tl.constexpr = triton.next_power_of_2(WORLD_SIZE)
+    src_ptr, src_row_stride = src
     pid = tl.program_id(0)
     num_programs = tl.num_programs(0)
     ok = True
@@ -225,7 +224,7 @@ def _push_rows_kernel(
         # 32 bytes to every rank, landed by this kernel's end barrier. The last program has the
         # least row work at small batches.
         if pid == num_programs - 1:
-            _push_digest(meta_ptr, max_num_reqs, digest_ptrs_ptr, rank, WORLD_SIZE)
+            _push_digest(digest, rank, WORLD_SIZE)
 
     num_chunks = (VOCAB_SHARD + BLOCK - 1) // BLOCK
     peers = tl.arange(0, WORLD_POW2)
@@ -264,42 +263,41 @@ def _push_rows_kernel(
 
 
 @triton.jit
-def _push_digest(meta_ptr, max_num_reqs, digest_ptrs_ptr, rank, WORLD_SIZE: tl.constexpr):
+def _push_digest(digest, rank, WORLD_SIZE: tl.constexpr):
+    meta_ptr, max_num_reqs, digest_ptrs_ptr = digest
     words = tl.arange(0, DIGEST_SIZE)
-    digest = load_digest(meta_ptr, max_num_reqs)
+    words_of_step = load_digest(meta_ptr, max_num_reqs)
     for peer in tl.static_range(WORLD_SIZE):
         dst = tl.load(digest_ptrs_ptr + peer).to(tl.pointer_type(tl.int64))
-        tl.store(dst + rank * DIGEST_SIZE + words, digest)
+        tl.store(dst + rank * DIGEST_SIZE + words, words_of_step)
 
 
 @triton.jit(do_not_specialize=["timeout_ns"])
 def _push_records_kernel(
-    records_ptr,  # [>= local_num_reqs, WIDTH] int32, local order
-    records_row_stride,
+    records,  # (pointer to [>= local_num_reqs, WIDTH] int32, local order, row stride)
     local_num_reqs_ptr,  # [1]
     local_req_indices_ptr,  # [N] batch index of each local request
     dst_ptrs_ptr,  # [T] int64: each rank's output buffer [max_num_reqs, WIDTH]
     signal_ptrs_ptr,  # [T] int64: each rank's signal pad
     status_ptr,  # [4] int32: fault status
     arrivals_ptr,  # [1] int32: programs past the end barrier (DONE); 0 between kernels
-    done_address_ptr,  # DONE: graphshard.plan.staging's done-word address, meta step, last step
-    done_seq_ptr,
-    done_last_ptr,
-    digests_ptr,  # AGREE: this rank's digest buffer [T, DIGEST_WORDS] int64, filled by the row push
-    verdicts_address_ptr,  # AGREE: graphshard.engine.divergence's verdict rows (their address)
+    done,  # DONE: Staging.done_args(): (the done word's address, meta's step, last step)
+    verdict,  # AGREE: (this rank's digest buffer [T, DIGEST_WORDS] int64, filled by the row
+    #           push; the address of graphshard.engine.divergence's verdict rows)
     rank,
     timeout_ns,
     WIDTH: tl.constexpr,
-    WIDTH_POW2: tl.constexpr,
     REQ_TILE: tl.constexpr,
     WORLD_SIZE: tl.constexpr,
-    WORLD_POW2: tl.constexpr,
     MAX_BLOCKS: tl.constexpr,
     CHANNEL: tl.constexpr,
     FENCE_BEFORE: tl.constexpr,
     DONE: tl.constexpr,
     AGREE: tl.constexpr,  # judge the digests the step's row push delivered (needs DONE)
 ):
+    WIDTH_POW2: tl.constexpr = triton.next_power_of_2(WIDTH)
+    WORLD_POW2: tl.constexpr = triton.next_power_of_2(WORLD_SIZE)
+    records_ptr, records_row_stride = records
     pid = tl.program_id(0)
     num_programs = tl.num_programs(0)
     ok = True
@@ -329,8 +327,7 @@ def _push_records_kernel(
         # arrived there. A program that gave up leaves the verdict to the fault. The last
         # program has the fewest records to push at small batches.
         if ok & (pid == num_programs - 1):
-            judge(digests_ptr, 2 * DIGEST_SIZE, verdicts_address_ptr, done_seq_ptr, WORLD_SIZE,
-                  WORLD_POW2)
+            judge(verdict[0], 2 * DIGEST_SIZE, verdict[1], done[1], WORLD_SIZE, WORLD_POW2)
     if ok:
         _sync(signal_ptrs_ptr, status_ptr, (CHANNEL + 1) * MAX_BLOCKS + pid, rank, timeout_ns,
               MAX_BLOCKS, WORLD_SIZE, WORLD_POW2)
@@ -341,12 +338,13 @@ def _push_records_kernel(
         # too: the host then finds the fault next to the done word.
         if tl.atomic_add(arrivals_ptr, 1, sem="acq_rel", scope="gpu") == num_programs - 1:
             tl.atomic_xchg(arrivals_ptr, 0, sem="relaxed", scope="gpu")
-            signal_done(done_address_ptr, done_seq_ptr, done_last_ptr)
+            signal_done(done[0], done[1], done[2])
 
 
 @triton.jit(do_not_specialize=["timeout_ns"])
 def _barrier_kernel(signal_ptrs_ptr, status_ptr, rank, timeout_ns, WORLD_SIZE: tl.constexpr,
-                    WORLD_POW2: tl.constexpr, MAX_BLOCKS: tl.constexpr, CHANNEL: tl.constexpr):
+                    MAX_BLOCKS: tl.constexpr, CHANNEL: tl.constexpr):
+    WORLD_POW2: tl.constexpr = triton.next_power_of_2(WORLD_SIZE)
     # Two phases, so a fast rank cannot re-raise a flag its peer has not consumed yet.
     if _sync(signal_ptrs_ptr, status_ptr, CHANNEL * MAX_BLOCKS, rank, timeout_ns, MAX_BLOCKS,
              WORLD_SIZE, WORLD_POW2):
@@ -580,14 +578,13 @@ class P2PTransport(Transport):
     # -- launchers --------------------------------------------------------------------------
     def _push_rows(self, logits_shard, send_rows, row_offsets, *, num_rows: int, all_rows: bool,
                    fenced: bool, agree=None):
-        digest_args = (agree.header, agree.staging.max_num_reqs, self._digest_ptrs) \
+        digest = (agree.header, agree.staging.max_num_reqs, self._digest_ptrs) \
             if agree is not None else (self._no_done, 0, self._no_done)
         launch(_push_rows_kernel, (self.num_blocks,),
-               logits_shard, logits_shard.stride(0), send_rows, row_offsets, num_rows,
-               self._recv_ptrs, self._signal_ptrs, self._status, *digest_args, self.tp_rank,
+               (logits_shard, logits_shard.stride(0)), send_rows, row_offsets, num_rows,
+               self._recv_ptrs, self._signal_ptrs, self._status, digest, self.tp_rank,
                self._timeout_ns,
-               VOCAB_SHARD=self.vocab_shard, WORLD_SIZE=self.tp_size,
-               WORLD_POW2=triton.next_power_of_2(self.tp_size), MAX_BLOCKS=self.num_blocks,
+               VOCAB_SHARD=self.vocab_shard, WORLD_SIZE=self.tp_size, MAX_BLOCKS=self.num_blocks,
                CHANNEL=_CH_ROWS, ALL_ROWS=all_rows, FENCE=fenced, AGREE=agree is not None,
                BLOCK=self._row_block,
                num_warps=8 if self._row_block >= 2048 else 4)
@@ -598,15 +595,14 @@ class P2PTransport(Transport):
         if agree is not None and done is None:
             raise ValueError("the divergence check judges at the step's end: pass done too")
         done_args = done.done_args() if done is not None else (self._no_done,) * 3
-        agree_args = (self._digests, agree.verdicts_address) if agree is not None \
+        verdict = (self._digests, agree.verdicts_address) if agree is not None \
             else (self._no_done,) * 2
         launch(_push_records_kernel, (grid or self._record_blocks,),
-               records, records.stride(0), local_num_reqs, local_req_indices,
-               self._out_ptrs, self._signal_ptrs, self._status, self._arrivals, *done_args,
-               *agree_args, self.tp_rank, self._timeout_ns,
-               WIDTH=self.record_width, WIDTH_POW2=triton.next_power_of_2(self.record_width),
-               REQ_TILE=self._req_tile, WORLD_SIZE=self.tp_size,
-               WORLD_POW2=triton.next_power_of_2(self.tp_size), MAX_BLOCKS=self.num_blocks,
+               (records, records.stride(0)), local_num_reqs, local_req_indices,
+               self._out_ptrs, self._signal_ptrs, self._status, self._arrivals, done_args,
+               verdict, self.tp_rank, self._timeout_ns,
+               WIDTH=self.record_width, REQ_TILE=self._req_tile, WORLD_SIZE=self.tp_size,
+               MAX_BLOCKS=self.num_blocks,
                CHANNEL=channel, FENCE_BEFORE=not self._peers_synced, DONE=done is not None,
                AGREE=agree is not None)
         self._peers_synced = False
@@ -660,8 +656,7 @@ class P2PTransport(Transport):
 
     def _launch_barrier(self):
         launch(_barrier_kernel, (1,), self._signal_ptrs, self._status, self.tp_rank,
-               self._timeout_ns, WORLD_SIZE=self.tp_size,
-               WORLD_POW2=triton.next_power_of_2(self.tp_size), MAX_BLOCKS=self.num_blocks,
+               self._timeout_ns, WORLD_SIZE=self.tp_size, MAX_BLOCKS=self.num_blocks,
                CHANNEL=_CH_BARRIER)
         self._peers_synced = True
 
