@@ -69,20 +69,24 @@ def report() -> list[dict]:
             splits = -(-vocab // CHUNK_SIZE)
             i32 = "*i32"
             common = dict(logits=(f"*{dtype}", "i32"), num_reqs_ptr=i32, req_slots_ptr=i32,
-                          cu_num_logits_ptr=i32, seq_lens_ptr=i32,
-                          mask=sampler.Bitmask(i32, "i32", i32, i32), slots_ptr=i32,
-                          workspace=(i32, "i32"), records=(i32, "i32"), draft_ptr=i32)
-            shared = dict(VOCAB=vocab, M=m, K=k, SPLITS=splits,
-                          CAP=pool_size_for(splits, vocab, None), BLOCK=sampler.SCAN_BLOCK_SIZE,
-                          HAS_BITMASK=bitmask, HAS_BITMASK_FLAG=bitmask)
+                          cu_num_logits_ptr=i32, seq_lens_ptr=i32, slots_ptr=i32,
+                          workspace=(i32, "i32"), records=(i32, "i32"))
+            # Absent optional inputs are None: constexprs.
+            optional = dict(mask=sampler.Bitmask(i32, "i32", i32) if bitmask else None,
+                            bitmask_on_ptr=i32 if bitmask else None,
+                            draft_ptr=i32 if m > 1 else None)
+            common.update({n: t for n, t in optional.items() if t is not None})
+            shared = dict({n: None for n, t in optional.items() if t is None}, VOCAB=vocab, M=m,
+                          K=k, SPLITS=splits, CAP=pool_size_for(splits, vocab, None),
+                          BLOCK=sampler.SCAN_BLOCK_SIZE)
             tag = {"vocab": vocab, "dtype": dtype, "M": m, "K": k, "bitmask": bitmask}
             options = sampler.scan_options(bitmask, sampler.SCAN_BLOCK_SIZE)
             rows.append(dict(tag, **_compile(
                 sampler._scan_kernel, common, dict(shared, CHUNK=CHUNK_SIZE),
                 options.pop("num_warps"), tmp, **options)))
             rows.append(dict(tag, **_compile(
-                sampler._finish_kernel, common,
-                dict(shared, HAS_DRAFTS=m > 1, SMALL_BLOCK=512), 8, tmp, **sampler.NO_FMA)))
+                sampler._finish_kernel, common, dict(shared, SMALL_BLOCK=512), 8, tmp,
+                **sampler.NO_FMA)))
         plan_args = {n: "*i32" for n in inspect.signature(_plan_kernel.fn).parameters}
         plan_args.update(plan=PlanBuffers(*["*i32"] * len(PlanBuffers._fields)),
                          max_num_reqs="i32", max_num_rows="i32", gather_stride="i32")

@@ -119,12 +119,11 @@ FLOOR_PASSES = tl.constexpr(4)
 
 
 class Bitmask(NamedTuple):
-    """The grammar bitmask of a launch (HAS_BITMASK), and its per-step switch (HAS_BITMASK_FLAG)."""
+    """The grammar bitmask of a launch; the kernels take None for none."""
 
     words: torch.Tensor  # [num_bitmask_rows, ceil(vocab / 32)] int32
     stride: int
     rows: torch.Tensor  # [num_rows] int32: the bitmask row of each logits row
-    on: torch.Tensor  # [1] int32: 0 = this step has no bitmask
 
 
 # Sizes the kernels derive from their constexprs (plain Python, run when a kernel compiles).
@@ -150,7 +149,8 @@ def pool_tile(cap, k):
 
 
 # Arguments that travel together go as tuples: (pointer, row stride) of the logits and of the
-# records, (buffer, rows) of the workspace, and the Bitmask. Triton specialises a tuple's
+# records, (buffer, rows) of the workspace, and the Bitmask; optional inputs are None when
+# absent (the kernels test for None at compile time). Triton specialises a tuple's
 # elements whatever the parameter's options (an int on being 1 or divisible by 16, a pointer on
 # 16-byte alignment), so a tuple holds only what is fixed for a caller's lifetime; a stride
 # divisible by 16 lets the row loads vectorise. Nothing that varies per step is an int argument.
@@ -158,7 +158,7 @@ def pool_tile(cap, k):
 # separate pointers, not specialised on it, so that the engine (views into one staging buffer)
 # and a caller with fresh tensors (the oracle) share one compiled kernel.
 _ANY_ALIGNMENT = ["num_reqs_ptr", "req_slots_ptr", "cu_num_logits_ptr", "seq_lens_ptr",
-                  "draft_ptr"]
+                  "bitmask_on_ptr", "draft_ptr"]
 
 
 # --------------------------------------------------------------------------- shared set-up
@@ -180,8 +180,8 @@ def _open_row(num_reqs_ptr, req_slots_ptr, cu_num_logits_ptr, seq_lens_ptr, row_
 
 
 @triton.jit
-def _row_inputs(logits, mask, slots_ptr, slot, row, position, VOCAB: tl.constexpr,
-                K: tl.constexpr, HAS_BITMASK: tl.constexpr, HAS_BITMASK_FLAG: tl.constexpr):
+def _row_inputs(logits, mask, bitmask_on_ptr, slots_ptr, slot, row, position,
+                VOCAB: tl.constexpr, K: tl.constexpr):
     """Both launches' set-up of a live row -> (logits row pointer, bitmask row pointer, whether
     the bitmask applies, RNG key, and the slot's 1 / temperature (1 when greedy), top_k, top_p,
     min_p, logprobs wanted (<= K), random, filtered)."""
@@ -195,21 +195,21 @@ def _row_inputs(logits, mask, slots_ptr, slot, row, position, VOCAB: tl.constexp
     inv_temp = 1.0 / tl.where(is_random, temperature, 1.0)
     filtered = is_random & uses_filters(top_k, top_p, min_p, VOCAB)
     key = rng.row_key(tl.load(params + 4), tl.load(params + 5), position)
-    mask_row_ptr = mask.words
-    if HAS_BITMASK:
+    mask_row_ptr = slots_ptr  # never read without a bitmask
+    if mask is not None:
         mask_row_ptr = mask.words + tl.load(mask.rows + row).to(tl.int64) * mask.stride
     logits_ptr, logits_stride = logits
     row_ptr = logits_ptr + row.to(tl.int64) * logits_stride
-    return (row_ptr, mask_row_ptr, _mask_on(mask, HAS_BITMASK_FLAG), key, inv_temp, top_k,
+    return (row_ptr, mask_row_ptr, _mask_on(bitmask_on_ptr), key, inv_temp, top_k,
             top_p, min_p, num_logprobs, is_random, filtered)
 
 
 @triton.jit
-def _mask_on(mask, HAS_BITMASK_FLAG: tl.constexpr):
-    """Whether the bitmask applies this step."""
+def _mask_on(bitmask_on_ptr):
+    """Whether the bitmask applies this step: always, without a per-step flag."""
     on = True
-    if HAS_BITMASK_FLAG:
-        on = tl.load(mask.on) != 0
+    if bitmask_on_ptr is not None:
+        on = tl.load(bitmask_on_ptr) != 0
     return on
 
 
@@ -223,31 +223,32 @@ def _scan_kernel(
     req_slots_ptr,  # [>= n] int32
     cu_num_logits_ptr,  # [>= n + 1] int32
     seq_lens_ptr,  # [>= n] int32
-    mask,  # Bitmask (HAS_BITMASK; its flag HAS_BITMASK_FLAG)
+    mask,  # Bitmask or None
+    bitmask_on_ptr,  # [1] int32: 0 = this step has no bitmask; None: no per-step flag
     slots_ptr,  # [max_num_slots, SLOT_WIDTH] int32, packed SlotTables
     workspace,  # (SamplerWorkspace.buffer, its rows: max_num_reqs * M of its allocation)
     VOCAB: tl.constexpr, M: tl.constexpr, K: tl.constexpr, CHUNK: tl.constexpr,
-    SPLITS: tl.constexpr, CAP: tl.constexpr, BLOCK: tl.constexpr, HAS_BITMASK: tl.constexpr,
-    HAS_BITMASK_FLAG: tl.constexpr,
+    SPLITS: tl.constexpr, CAP: tl.constexpr, BLOCK: tl.constexpr,
 ):
+    HAS_BITMASK: tl.constexpr = mask is not None
     LANES: tl.constexpr = floor_lanes(BLOCK)
     SMALL_LANES: tl.constexpr = small_floor_lanes(BLOCK)
     TOP: tl.constexpr = chunk_top(BLOCK)
     row_id = tl.program_id(0)
     live, _, r, first_row, m, seq_len, slot = _open_row(num_reqs_ptr, req_slots_ptr,
                                                         cu_num_logits_ptr, seq_lens_ptr, row_id, M)
-    if HAS_BITMASK_FLAG:
+    if bitmask_on_ptr is not None:
         # With a device flag the launcher runs this kernel twice, with and without bitmask
         # support, and the flag picks which one works (the other's programs return at once):
         # a step without a bitmask streams in the lean variant, whose registers (64 against 112
         # with the mask, fp32) fit twice the programs per SM.
-        live = live & (_mask_on(mask, True) == HAS_BITMASK)
+        live = live & (_mask_on(bitmask_on_ptr) == HAS_BITMASK)
     if live:
         split = tl.program_id(1)
         row = first_row + r
         (row_ptr, mask_row_ptr, mask_on, key, inv_temp, top_k, top_p, min_p, num_logprobs,
-         is_random, filtered) = _row_inputs(logits, mask, slots_ptr, slot, row, seq_len + r,
-                                            VOCAB, K, HAS_BITMASK, HAS_BITMASK_FLAG)
+         is_random, filtered) = _row_inputs(logits, mask, bitmask_on_ptr, slots_ptr, slot, row,
+                                            seq_len + r, VOCAB, K)
         small_k = filtered & (top_k > 0) & (top_k <= TOP)
         # The unfiltered winner is the draw of an unfiltered row. A filtered row draws from its
         # pool, and its stream skips the per-token RNG (the finish computes the unfiltered
@@ -382,14 +383,14 @@ def _capture_cut(pool_x, pool_id, fill, raw, allowed, offs, scale, cut_s, cut_r,
 
 @triton.jit(do_not_specialize_on_alignment=_ANY_ALIGNMENT)
 def _finish_kernel(
-    logits, num_reqs_ptr, req_slots_ptr, cu_num_logits_ptr, seq_lens_ptr, mask, slots_ptr,
-    workspace,  # as _scan_kernel
+    logits, num_reqs_ptr, req_slots_ptr, cu_num_logits_ptr, seq_lens_ptr, mask, bitmask_on_ptr,
+    slots_ptr, workspace,  # as _scan_kernel
     records,  # (pointer to [>= n, RecordLayout.width] int32, row stride)
-    draft_ptr,  # [num_rows] int32 (HAS_DRAFTS)
+    draft_ptr,  # [num_rows] int32, or None: no drafts
     VOCAB: tl.constexpr, M: tl.constexpr, K: tl.constexpr, SPLITS: tl.constexpr,
-    CAP: tl.constexpr, HAS_DRAFTS: tl.constexpr, HAS_BITMASK: tl.constexpr,
-    HAS_BITMASK_FLAG: tl.constexpr, BLOCK: tl.constexpr, SMALL_BLOCK: tl.constexpr,
+    CAP: tl.constexpr, BLOCK: tl.constexpr, SMALL_BLOCK: tl.constexpr,
 ):
+    HAS_BITMASK: tl.constexpr = mask is not None
     TILE: tl.constexpr = pool_tile(CAP, K)
     TOP: tl.constexpr = chunk_top(BLOCK)
     row_id = tl.program_id(0)
@@ -398,8 +399,8 @@ def _finish_kernel(
                                                           M)
     if live:
         (row_ptr, mask_row_ptr, mask_on, key, inv_temp, top_k, top_p, min_p, num_logprobs,
-         is_random, filtered) = _row_inputs(logits, mask, slots_ptr, slot, first_row + r,
-                                            seq_len + r, VOCAB, K, HAS_BITMASK, HAS_BITMASK_FLAG)
+         is_random, filtered) = _row_inputs(logits, mask, bitmask_on_ptr, slots_ptr, slot,
+                                            first_row + r, seq_len + r, VOCAB, K)
         part, fill, pool_x, pool_id, stats, top = workspace_row(workspace, row_id, SPLITS, CAP)
         n_pool = tl.load(fill, cache_modifier=".cg")
         # Every thread reads the count before any resets it (each thread loads it itself).
@@ -425,7 +426,7 @@ def _finish_kernel(
             tl.store(tokens + r, token)
             if _arrive(arrivals, m):
                 _assemble_drafts(rec_ptr, tokens, workspace, req, first_row, m, draft_ptr,
-                                 num_logprobs, M, K, SPLITS, CAP, HAS_DRAFTS)
+                                 num_logprobs, M, K, SPLITS, CAP)
 
 
 @triton.jit
@@ -454,15 +455,14 @@ def _assemble(rec_ptr, token, num_nans, accepted, num_logprobs, M: tl.constexpr,
 
 @triton.jit
 def _assemble_drafts(rec_ptr, tokens, workspace, req, first_row, m, draft_ptr, num_logprobs,
-                     M: tl.constexpr, K: tl.constexpr, SPLITS: tl.constexpr, CAP: tl.constexpr,
-                     HAS_DRAFTS: tl.constexpr):
+                     M: tl.constexpr, K: tl.constexpr, SPLITS: tl.constexpr, CAP: tl.constexpr):
     """A request's record from its rows' tokens: drafts accepted along the longest matching
     prefix (the first mismatch is the correction token), tokens past it -1, logprobs blank."""
     M_P: tl.constexpr = triton.next_power_of_2(M)
     at = tl.arange(0, M_P)
     samples = tl.load(tokens + at, mask=at < m, other=-1, cache_modifier=".cg")
     drafts = tl.full([M_P], -1, tl.int32)
-    if HAS_DRAFTS:
+    if draft_ptr is not None:
         drafts = tl.load(draft_ptr + first_row + at, mask=at < m - 1, other=-1)
     reject = (at < m - 1) & (samples != drafts)
     accepted = tl.min(tl.where(reject, at, m - 1), axis=0)
@@ -620,22 +620,20 @@ def sample(logits: torch.Tensor, *, vocab_size: int, num_reqs: torch.Tensor,
     chunk, splits, cap = workspace.chunk_size, workspace.num_splits, workspace.pool_size
     # Powers of two: the scan's tile divides its chunk.
     chunk_block = min(block, chunk, SCAN_BLOCK_SIZE)
-    dummy = cu_num_logits  # stands in for absent optional pointers; never read
-    mask = Bitmask(bitmask if bitmask is not None else dummy,
-                   bitmask.stride(0) if bitmask is not None else 0,
-                   bitmask_rows if bitmask_rows is not None else dummy,
-                   bitmask_enabled if bitmask_enabled is not None else dummy)
-    common = ((logits, logits.stride(0)), num_reqs, req_slots, cu_num_logits, seq_lens, mask,
-              tables.packed, (workspace.buffer, workspace.max_num_reqs * m))
-    flags = dict(HAS_BITMASK=bitmask is not None, HAS_BITMASK_FLAG=bitmask_enabled is not None)
+    mask = Bitmask(bitmask, bitmask.stride(0), bitmask_rows) if bitmask is not None else None
+    batch = (num_reqs, req_slots, cu_num_logits, seq_lens)
+    logits_arg, workspace_arg = (logits, logits.stride(0)), (workspace.buffer,
+                                                              workspace.max_num_reqs * m)
     sizes = dict(VOCAB=vocab_size, M=m, K=k, SPLITS=splits, CAP=cap, BLOCK=chunk_block)
-    launch(_scan_kernel, (max_num_reqs * m, splits), *common, CHUNK=chunk, **sizes, **flags,
+    launch(_scan_kernel, (max_num_reqs * m, splits), logits_arg, *batch, mask, bitmask_enabled,
+           tables.packed, workspace_arg, CHUNK=chunk, **sizes,
            **scan_options(bitmask is not None, chunk_block))
     if bitmask_enabled is not None:
         # The variant for steps whose flag is off (see `_scan_kernel`).
-        launch(_scan_kernel, (max_num_reqs * m, splits), *common, CHUNK=chunk, **sizes,
-               HAS_BITMASK=False, HAS_BITMASK_FLAG=True, **scan_options(False, chunk_block))
-    launch(_finish_kernel, (max_num_reqs * m,), *common, (records, records.stride(0)),
-           draft_tokens if draft_tokens is not None else dummy, **sizes,
-           HAS_DRAFTS=draft_tokens is not None, **flags, SMALL_BLOCK=min(block, SMALL_BLOCK_SIZE),
+        launch(_scan_kernel, (max_num_reqs * m, splits), logits_arg, *batch, None,
+               bitmask_enabled, tables.packed, workspace_arg, CHUNK=chunk, **sizes,
+               **scan_options(False, chunk_block))
+    launch(_finish_kernel, (max_num_reqs * m,), logits_arg, *batch, mask, bitmask_enabled,
+           tables.packed, workspace_arg, (records, records.stride(0)), draft_tokens, **sizes,
+           SMALL_BLOCK=min(block, SMALL_BLOCK_SIZE),
            num_warps=8 if chunk_block >= 1024 else 4, **NO_FMA)
