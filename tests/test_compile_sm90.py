@@ -42,6 +42,7 @@ def _compile(kernel, args: dict, consts: dict, num_warps: int, tmp: str, **optio
     from triton.compiler import ASTSource
 
     names = inspect.signature(kernel.fn).parameters
+    consts = {n: v for n, v in consts.items() if n in names}
     # A tuple argument's type is a tuple (or the same NamedTuple) of its elements' types.
     sig = {n: ("constexpr" if n in consts else args[n]) for n in names}
     ck = triton.compile(ASTSource(fn=kernel, signature=sig, constexprs=consts),
