@@ -149,11 +149,13 @@ def pool_tile(cap, k):
 
 
 # Arguments that travel together go as tuples: (pointer, row stride) of the logits and of the
-# records, (buffer, rows) of the workspace, and the Bitmask; optional inputs are None when
+# records, and the Bitmask; optional inputs are None when
 # absent (the kernels test for None at compile time). Triton specialises a tuple's
 # elements whatever the parameter's options (an int on being 1 or divisible by 16, a pointer on
 # 16-byte alignment), so a tuple holds only what is fixed for a caller's lifetime; a stride
-# divisible by 16 lets the row loads vectorise. Nothing that varies per step is an int argument.
+# divisible by 16 lets the row loads vectorise. Nothing that varies per step is an int argument,
+# and the workspace's row count stays a separate, unspecialised one: one compiled kernel serves
+# every workspace.
 # The per-request inputs are read a word at a time, so their alignment buys nothing: they stay
 # separate pointers, not specialised on it, so that the engine (views into one staging buffer)
 # and a caller with fresh tensors (the oracle) share one compiled kernel.
@@ -216,7 +218,7 @@ def _mask_on(bitmask_on_ptr):
 # --------------------------------------------------------------------------- launch 1: scan
 
 
-@triton.jit(do_not_specialize_on_alignment=_ANY_ALIGNMENT)
+@triton.jit(do_not_specialize=["rows"], do_not_specialize_on_alignment=_ANY_ALIGNMENT)
 def _scan_kernel(
     logits,  # (pointer to [num_rows, padded_vocab] fp32/bf16/fp16, row stride)
     num_reqs_ptr,  # [1] int32: n
@@ -226,11 +228,13 @@ def _scan_kernel(
     mask,  # Bitmask or None
     bitmask_on_ptr,  # [1] int32: 0 = this step has no bitmask; None: no per-step flag
     slots_ptr,  # [max_num_slots, SLOT_WIDTH] int32, packed SlotTables
-    workspace,  # (SamplerWorkspace.buffer, its rows: max_num_reqs * M of its allocation)
+    ws_ptr,  # SamplerWorkspace.buffer
+    rows,  # rows of the workspace (max_num_reqs * M of its allocation)
     VOCAB: tl.constexpr, M: tl.constexpr, K: tl.constexpr, CHUNK: tl.constexpr,
     SPLITS: tl.constexpr, CAP: tl.constexpr, BLOCK: tl.constexpr,
 ):
     HAS_BITMASK: tl.constexpr = mask is not None
+    workspace = (ws_ptr, rows)
     LANES: tl.constexpr = floor_lanes(BLOCK)
     SMALL_LANES: tl.constexpr = small_floor_lanes(BLOCK)
     TOP: tl.constexpr = chunk_top(BLOCK)
@@ -381,16 +385,17 @@ def _capture_cut(pool_x, pool_id, fill, raw, allowed, offs, scale, cut_s, cut_r,
 # --------------------------------------------------------------------------- launch 2: records
 
 
-@triton.jit(do_not_specialize_on_alignment=_ANY_ALIGNMENT)
+@triton.jit(do_not_specialize=["rows"], do_not_specialize_on_alignment=_ANY_ALIGNMENT)
 def _finish_kernel(
     logits, num_reqs_ptr, req_slots_ptr, cu_num_logits_ptr, seq_lens_ptr, mask, bitmask_on_ptr,
-    slots_ptr, workspace,  # as _scan_kernel
+    slots_ptr, ws_ptr, rows,  # as _scan_kernel
     records,  # (pointer to [>= n, RecordLayout.width] int32, row stride)
     draft_ptr,  # [num_rows] int32, or None: no drafts
     VOCAB: tl.constexpr, M: tl.constexpr, K: tl.constexpr, SPLITS: tl.constexpr,
     CAP: tl.constexpr, BLOCK: tl.constexpr, SMALL_BLOCK: tl.constexpr,
 ):
     HAS_BITMASK: tl.constexpr = mask is not None
+    workspace = (ws_ptr, rows)
     TILE: tl.constexpr = pool_tile(CAP, K)
     TOP: tl.constexpr = chunk_top(BLOCK)
     row_id = tl.program_id(0)
@@ -622,18 +627,18 @@ def sample(logits: torch.Tensor, *, vocab_size: int, num_reqs: torch.Tensor,
     chunk_block = min(block, chunk, SCAN_BLOCK_SIZE)
     mask = Bitmask(bitmask, bitmask.stride(0), bitmask_rows) if bitmask is not None else None
     batch = (num_reqs, req_slots, cu_num_logits, seq_lens)
-    logits_arg, workspace_arg = (logits, logits.stride(0)), (workspace.buffer,
-                                                              workspace.max_num_reqs * m)
+    logits_arg = (logits, logits.stride(0))
+    workspace_arg = (workspace.buffer, workspace.max_num_reqs * m)
     sizes = dict(VOCAB=vocab_size, M=m, K=k, SPLITS=splits, CAP=cap, BLOCK=chunk_block)
     launch(_scan_kernel, (max_num_reqs * m, splits), logits_arg, *batch, mask, bitmask_enabled,
-           tables.packed, workspace_arg, CHUNK=chunk, **sizes,
+           tables.packed, *workspace_arg, CHUNK=chunk, **sizes,
            **scan_options(bitmask is not None, chunk_block))
     if bitmask_enabled is not None:
         # The variant for steps whose flag is off (see `_scan_kernel`).
         launch(_scan_kernel, (max_num_reqs * m, splits), logits_arg, *batch, None,
-               bitmask_enabled, tables.packed, workspace_arg, CHUNK=chunk, **sizes,
+               bitmask_enabled, tables.packed, *workspace_arg, CHUNK=chunk, **sizes,
                **scan_options(False, chunk_block))
     launch(_finish_kernel, (max_num_reqs * m,), logits_arg, *batch, mask, bitmask_enabled,
-           tables.packed, workspace_arg, (records, records.stride(0)), draft_tokens, **sizes,
+           tables.packed, *workspace_arg, (records, records.stride(0)), draft_tokens, **sizes,
            SMALL_BLOCK=min(block, SMALL_BLOCK_SIZE),
            num_warps=8 if chunk_block >= 1024 else 4, **NO_FMA)

@@ -64,7 +64,7 @@ def workspace_row(workspace, row_id, SPLITS: tl.constexpr, CAP: tl.constexpr):
     pool ids [CAP], stats, top-K scratch [MAX_LOGPROBS] int64)."""
     ws_ptr, rows = workspace
     row_id = row_id.to(tl.int64)
-    ROWS = tl.cast(rows, tl.int64)  # a tuple element: a constexpr when it is 1
+    ROWS = rows.to(tl.int64)
     top = ws_ptr.to(tl.pointer_type(tl.int64)) + row_id * MAX_LOGPROBS
     base = ws_ptr + ROWS * 2 * MAX_LOGPROBS
     part = base + row_id * (NUM_PART * SPLITS)
@@ -78,7 +78,7 @@ def workspace_row(workspace, row_id, SPLITS: tl.constexpr, CAP: tl.constexpr):
 def workspace_request(workspace, req, M: tl.constexpr, SPLITS: tl.constexpr, CAP: tl.constexpr):
     """Pointers to one request's (settled tokens [M], arrival counter)."""
     ws_ptr, rows = workspace
-    ROWS = tl.cast(rows, tl.int64)  # a tuple element: a constexpr when it is 1
+    ROWS = rows.to(tl.int64)
     tokens = ws_ptr + ROWS * (2 * MAX_LOGPROBS + NUM_PART * SPLITS + 2 + 2 * CAP) + NUM_STATS
     return tokens + req * M, tokens + ROWS + req
 
