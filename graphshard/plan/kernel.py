@@ -48,7 +48,27 @@ def _plan_body(
     num_rows = tl.load(cu_num_logits_ptr + reqs + 1, mask=live, other=0) - row_start
     owner = slot % TP_SIZE  # the ownership rule (graphshard.plan.layout.owner_ranks)
 
-    # Per owner: counts, offsets, and each request's rank and row offset within its owner.
+    rank_in_owner, row_in_owner, send_start, row_offset, local_reqs, local_rows = _plan_owners(
+        plan, live, owner, num_rows, TP_SIZE, TP_RANK, PADDED_NUM_REQS)
+    tl.store(plan.num_reqs, n)
+    tl.store(plan.local_num_reqs, local_reqs)
+    tl.store(plan.local_num_rows, local_rows)
+    tl.store(plan.gathered_src_indices + reqs, tl.where(live, owner * gather_stride + rank_in_owner, 0),
+             mask=in_range)
+    local = live & (owner == TP_RANK)
+    _plan_local_requests(plan, seq_lens_ptr, reqs, in_range, local, slot, num_rows, rank_in_owner,
+                         row_in_owner, local_reqs, local_rows, PADDED_NUM_REQS)
+    _plan_rows(plan, draft_tokens_ptr, reqs, live, local, slot, row_start, num_rows,
+               row_in_owner, send_start, row_offset, local_rows, max_num_rows, PADDED_NUM_REQS,
+               PADDED_NUM_LOGITS_PER_REQ, HAS_DRAFTS)
+
+
+@triton.jit
+def _plan_owners(plan, live, owner, num_rows, TP_SIZE: tl.constexpr, TP_RANK: tl.constexpr,
+                 PADDED_NUM_REQS: tl.constexpr):
+    """Per owner: counts and offsets (stored), and each request's rank and row offset within
+    its owner and its first send position -> (rank_in_owner, row_in_owner, send_start, rows in
+    all, this rank's requests, this rank's rows)."""
     rank_in_owner = tl.zeros([PADDED_NUM_REQS], dtype=tl.int32)
     row_in_owner = tl.zeros([PADDED_NUM_REQS], dtype=tl.int32)
     send_start = tl.zeros([PADDED_NUM_REQS], dtype=tl.int32)
@@ -77,15 +97,15 @@ def _plan_body(
         row_offset += total
     tl.store(plan.owner_req_offsets + TP_SIZE, req_offset)
     tl.store(plan.owner_row_offsets + TP_SIZE, row_offset)
-    tl.store(plan.num_reqs, n)
-    tl.store(plan.local_num_reqs, local_reqs)
-    tl.store(plan.local_num_rows, local_rows)
-    tl.store(plan.gathered_src_indices + reqs, tl.where(live, owner * gather_stride + rank_in_owner, 0),
-             mask=in_range)
+    return rank_in_owner, row_in_owner, send_start, row_offset, local_reqs, local_rows
 
-    # Local per-request fields: scatter live local requests to their rank, zero the tail.
-    # The two store sets touch disjoint addresses, so their order does not matter.
-    local = live & (owner == TP_RANK)
+
+@triton.jit
+def _plan_local_requests(plan, seq_lens_ptr, reqs, in_range, local, slot, num_rows,
+                         rank_in_owner, row_in_owner, local_reqs, local_rows,
+                         PADDED_NUM_REQS: tl.constexpr):
+    """Local per-request fields: scatter live local requests to their rank, zero the tail.
+    The two store sets touch disjoint addresses, so their order does not matter."""
     tail = in_range & (reqs >= local_reqs)
     tl.store(plan.local_req_indices + rank_in_owner, reqs, mask=local)
     tl.store(plan.local_idx_mapping + rank_in_owner, slot, mask=local)
@@ -99,8 +119,15 @@ def _plan_body(
     tl.store(plan.local_cu_num_logits + reqs + 1, zeros + local_rows, mask=tail)
     tl.store(plan.local_cu_num_logits, 0)
 
-    # Per-row fields: row k of request i goes to send position send_start[i] + k and, when
-    # local, to local row row_in_owner[i] + k.
+
+@triton.jit
+def _plan_rows(plan, draft_tokens_ptr, reqs, live, local, slot, row_start, num_rows, row_in_owner,
+               send_start, row_offset, local_rows, max_num_rows, PADDED_NUM_REQS: tl.constexpr,
+               PADDED_NUM_LOGITS_PER_REQ: tl.constexpr, HAS_DRAFTS: tl.constexpr):
+    """Per-row fields: row k of request i goes to send position send_start[i] + k and, when
+    local, to local row row_in_owner[i] + k. Then the row tails are zeroed: send rows past all
+    live rows (`row_offset`), local rows past the local count."""
+    zeros = tl.zeros([PADDED_NUM_REQS], dtype=tl.int32)
     for k in tl.static_range(PADDED_NUM_LOGITS_PER_REQ):
         has_row = live & (k < num_rows)
         src = row_start + k
@@ -115,8 +142,6 @@ def _plan_body(
         else:
             draft = zeros
         tl.store(plan.local_draft_tokens + local_row, draft, mask=is_local_row)
-
-    # Zero the row tails: send rows past all live rows, local rows past the local count.
     for k in tl.static_range(PADDED_NUM_LOGITS_PER_REQ):
         rows = k * PADDED_NUM_REQS + reqs
         in_rows = rows < max_num_rows

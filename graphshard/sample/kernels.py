@@ -235,8 +235,6 @@ def _scan_kernel(
 ):
     HAS_BITMASK: tl.constexpr = mask is not None
     workspace = (ws_ptr, rows)
-    LANES: tl.constexpr = floor_lanes(BLOCK)
-    SMALL_LANES: tl.constexpr = small_floor_lanes(BLOCK)
     TOP: tl.constexpr = chunk_top(BLOCK)
     row_id = tl.program_id(0)
     live, _, r, first_row, m, seq_len, slot = _open_row(num_reqs_ptr, req_slots_ptr,
@@ -266,21 +264,9 @@ def _scan_kernel(
                                    tl.where(is_random, TOP, num_logprobs)), 0)
         lo = split * CHUNK
         sums = (filtered & (top_p < 1.0) & ~small_k) | (num_logprobs > 0)
-        # Four copies of the pass, so that greedy and unfiltered rows pay for nothing they skip.
-        if draw:
-            if sums:
-                scan = scan_span(row_ptr, mask_row_ptr, mask_on, lo, inv_temp, key, True, True,
-                             CHUNK, VOCAB, BLOCK, HAS_BITMASK)
-            else:
-                scan = scan_span(row_ptr, mask_row_ptr, mask_on, lo, inv_temp, key, True, False,
-                             CHUNK, VOCAB, BLOCK, HAS_BITMASK)
-        elif sums:
-            scan = scan_span(row_ptr, mask_row_ptr, mask_on, lo, inv_temp, key, False, True, CHUNK,
-                         VOCAB, BLOCK, HAS_BITMASK)
-        else:
-            scan = scan_span(row_ptr, mask_row_ptr, mask_on, lo, inv_temp, key, False, False, CHUNK,
-                         VOCAB, BLOCK, HAS_BITMASK)
-        nan, max_x, arg_x, max_z, arg_z, lane_x, lane_r, sum_s, sum_r = scan
+        nan, max_x, arg_x, max_z, arg_z, lane_x, lane_r, sum_s, sum_r = _stream(
+            row_ptr, mask_row_ptr, mask_on, lo, inv_temp, key, draw, sums, CHUNK, VOCAB, BLOCK,
+            HAS_BITMASK)
         max_r = tl.max(lane_r, axis=0)
         part, fill, pool_x, pool_id, stats, top = workspace_row(workspace, row_id, SPLITS, CAP)
         floor_s = tl.full((), float("inf"), tl.float32)
@@ -299,44 +285,86 @@ def _scan_kernel(
                          lane_r, inv_temp, row_max * inv_temp + tl.log(min_p), float("inf"),
                          VOCAB, CHUNK, CAP, BLOCK, HAS_BITMASK)
         elif (SPLITS > 1) & ((need_s > 0) | (need_r > 0)):
-            separate = False
-            if HAS_BITMASK:
-                separate = mask_on
-            if separate:
-                floor_s = tl.where(need_s > 0, _lane_floor(lane_x, need_s, BLOCK, LANES,
-                                                           SMALL_LANES), float("inf"))
-                floor_r = tl.where(need_r > 0, _lane_floor(lane_r, need_r, BLOCK, LANES,
-                                                           SMALL_LANES), float("inf"))
-                cut_s = floor_s
-                cut_r = floor_r
-            else:
-                # The row's chunks share one cut: each captures above the largest floor published
-                # so far, and a chunk that starts after another has published refines that cut
-                # in one pass instead of searching (`refine_floor`). Every answer is checked
-                # against the largest floor, so nothing below it was of use anyway.
-                need = tl.maximum(need_s, need_r)
-                low = published_cut(fill)
-                if low > float("-inf"):
-                    floor_s = refine_floor(lane_x, need, low, max_x)
-                else:
-                    floor_s = _lane_floor(lane_x, need, BLOCK, LANES, SMALL_LANES)
-                floor_s = share_floor(fill, floor_s)
-                floor_r = floor_s
-                cut_s = floor_s
-                cut_r = floor_s
-            _capture_hot(row_ptr, mask_row_ptr, mask_on, lo, fill, pool_x, pool_id, lane_x,
-                         lane_r, 1.0, cut_s, cut_r, VOCAB, CHUNK, CAP, BLOCK, HAS_BITMASK)
-        out = part + split
-        tl.store(out + P_NAN * SPLITS, nan)
-        tl.store(out + P_MAX_X * SPLITS, max_x.to(tl.int32, bitcast=True))
-        tl.store(out + P_ARG_X * SPLITS, arg_x)
-        tl.store(out + P_MAX_Z * SPLITS, max_z.to(tl.int32, bitcast=True))
-        tl.store(out + P_ARG_Z * SPLITS, arg_z)
-        tl.store(out + P_FLOOR_S * SPLITS, floor_s.to(tl.int32, bitcast=True))
-        tl.store(out + P_FLOOR_R * SPLITS, floor_r.to(tl.int32, bitcast=True))
-        tl.store(out + P_MAX_R * SPLITS, max_r.to(tl.int32, bitcast=True))
-        tl.store(out + P_SUM_R * SPLITS, sum_r.to(tl.int32, bitcast=True))
-        tl.store(out + P_SUM_S * SPLITS, sum_s.to(tl.int32, bitcast=True))
+            floor_s, floor_r = _capture_above_floors(row_ptr, mask_row_ptr, mask_on, lo, fill,
+                                                     pool_x, pool_id, lane_x, lane_r, max_x,
+                                                     need_s, need_r, VOCAB, CHUNK, CAP, BLOCK,
+                                                     HAS_BITMASK)
+        _store_partials(part + split, nan, max_x, arg_x, max_z, arg_z, floor_s, floor_r, max_r,
+                        sum_r, sum_s, SPLITS)
+
+
+@triton.jit
+def _stream(row_ptr, mask_row_ptr, mask_on, lo, inv_temp, key, draw, sums, CHUNK: tl.constexpr,
+            VOCAB: tl.constexpr, BLOCK: tl.constexpr, HAS_BITMASK: tl.constexpr):
+    """The chunk's one streaming pass (`scan_span`), in four copies, so that greedy and
+    unfiltered rows pay for nothing they skip: the Gumbel winner only for `draw` rows, the
+    softmax sums only for `sums` rows."""
+    if draw:
+        if sums:
+            scan = scan_span(row_ptr, mask_row_ptr, mask_on, lo, inv_temp, key, True, True, CHUNK,
+                             VOCAB, BLOCK, HAS_BITMASK)
+        else:
+            scan = scan_span(row_ptr, mask_row_ptr, mask_on, lo, inv_temp, key, True, False,
+                             CHUNK, VOCAB, BLOCK, HAS_BITMASK)
+    elif sums:
+        scan = scan_span(row_ptr, mask_row_ptr, mask_on, lo, inv_temp, key, False, True, CHUNK,
+                         VOCAB, BLOCK, HAS_BITMASK)
+    else:
+        scan = scan_span(row_ptr, mask_row_ptr, mask_on, lo, inv_temp, key, False, False, CHUNK,
+                         VOCAB, BLOCK, HAS_BITMASK)
+    return scan
+
+
+@triton.jit
+def _capture_above_floors(row_ptr, mask_row_ptr, mask_on, lo, fill, pool_x, pool_id, lane_x,
+                          lane_r, max_x, need_s, need_r, VOCAB: tl.constexpr,
+                          CHUNK: tl.constexpr, CAP: tl.constexpr, BLOCK: tl.constexpr,
+                          HAS_BITMASK: tl.constexpr):
+    """Capture the chunk's candidates for top-k, top-p and logprobs rows -> (floor_s, floor_r):
+    allowed tokens with a logit below floor_s, and tokens with a raw logit below floor_r, were
+    left out."""
+    LANES: tl.constexpr = floor_lanes(BLOCK)
+    SMALL_LANES: tl.constexpr = small_floor_lanes(BLOCK)
+    separate = False
+    if HAS_BITMASK:
+        separate = mask_on
+    if separate:
+        floor_s = tl.where(need_s > 0, _lane_floor(lane_x, need_s, BLOCK, LANES, SMALL_LANES),
+                           float("inf"))
+        floor_r = tl.where(need_r > 0, _lane_floor(lane_r, need_r, BLOCK, LANES, SMALL_LANES),
+                           float("inf"))
+    else:
+        # The row's chunks share one cut: each captures above the largest floor published so
+        # far, and a chunk that starts after another has published refines that cut in one pass
+        # instead of searching (`refine_floor`). Every answer is checked against the largest
+        # floor, so nothing below it was of use anyway.
+        need = tl.maximum(need_s, need_r)
+        low = published_cut(fill)
+        if low > float("-inf"):
+            floor_s = refine_floor(lane_x, need, low, max_x)
+        else:
+            floor_s = _lane_floor(lane_x, need, BLOCK, LANES, SMALL_LANES)
+        floor_s = share_floor(fill, floor_s)
+        floor_r = floor_s
+    _capture_hot(row_ptr, mask_row_ptr, mask_on, lo, fill, pool_x, pool_id, lane_x, lane_r, 1.0,
+                 floor_s, floor_r, VOCAB, CHUNK, CAP, BLOCK, HAS_BITMASK)
+    return floor_s, floor_r
+
+
+@triton.jit
+def _store_partials(out, nan, max_x, arg_x, max_z, arg_z, floor_s, floor_r, max_r, sum_r, sum_s,
+                    SPLITS: tl.constexpr):
+    """The chunk's results, one word per field, into its column of the row's partials."""
+    tl.store(out + P_NAN * SPLITS, nan)
+    tl.store(out + P_MAX_X * SPLITS, max_x.to(tl.int32, bitcast=True))
+    tl.store(out + P_ARG_X * SPLITS, arg_x)
+    tl.store(out + P_MAX_Z * SPLITS, max_z.to(tl.int32, bitcast=True))
+    tl.store(out + P_ARG_Z * SPLITS, arg_z)
+    tl.store(out + P_FLOOR_S * SPLITS, floor_s.to(tl.int32, bitcast=True))
+    tl.store(out + P_FLOOR_R * SPLITS, floor_r.to(tl.int32, bitcast=True))
+    tl.store(out + P_MAX_R * SPLITS, max_r.to(tl.int32, bitcast=True))
+    tl.store(out + P_SUM_R * SPLITS, sum_r.to(tl.int32, bitcast=True))
+    tl.store(out + P_SUM_S * SPLITS, sum_s.to(tl.int32, bitcast=True))
 
 
 @triton.jit
