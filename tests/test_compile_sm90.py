@@ -73,7 +73,8 @@ def report() -> list[dict]:
                           cu_num_logits_ptr=i32, seq_lens_ptr=i32, slots_ptr=i32,
                           ws_ptr=i32, rows="i32", records=(i32, "i32"))
             # Absent optional inputs are None: constexprs.
-            optional = dict(mask=sampler.Bitmask(i32, "i32", i32) if bitmask else None,
+            common.update(bitmask_stride="i32")
+            optional = dict(mask=sampler.Bitmask(i32, i32) if bitmask else None,
                             bitmask_on_ptr=i32 if bitmask else None,
                             draft_ptr=i32 if m > 1 else None)
             common.update({n: t for n, t in optional.items() if t is not None})

@@ -165,9 +165,9 @@ def _plan_kernel(
                PADDED_NUM_LOGITS_PER_REQ, HAS_DRAFTS)
 
 
-@triton.jit(do_not_specialize=["staged", "max_num_reqs", "max_num_rows", "gather_stride"])
+@triton.jit(do_not_specialize=["max_num_reqs", "max_num_rows", "gather_stride"])
 def _fetch_plan_kernel(
-    staged,  # Staging.fetch_args()
+    staged,  # Staging.fetch_args(): fixed for the engine's life (a tuple's ints are specialised)
     idx_mapping_ptr, cu_num_logits_ptr, seq_lens_ptr, num_reqs_in_ptr,  # views of meta
     draft_tokens_ptr, plan, max_num_reqs, max_num_rows, gather_stride, TP_SIZE: tl.constexpr,
     TP_RANK: tl.constexpr, PADDED_NUM_REQS: tl.constexpr,

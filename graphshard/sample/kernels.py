@@ -119,10 +119,11 @@ FLOOR_PASSES = tl.constexpr(4)
 
 
 class Bitmask(NamedTuple):
-    """The grammar bitmask of a launch; the kernels take None for none."""
+    """The grammar bitmask of a launch; the kernels take None for none. Its row stride is a
+    separate, unspecialised argument: the engine's rows are as wide as the padded vocabulary,
+    a caller's (the oracle's) may be as wide as the real one."""
 
-    words: torch.Tensor  # [num_bitmask_rows, ceil(vocab / 32)] int32
-    stride: int
+    words: torch.Tensor  # [num_bitmask_rows, >= ceil(vocab / 32)] int32
     rows: torch.Tensor  # [num_rows] int32: the bitmask row of each logits row
 
 
@@ -154,11 +155,12 @@ def pool_tile(cap, k):
 # elements whatever the parameter's options (an int on being 1 or divisible by 16, a pointer on
 # 16-byte alignment), so a tuple holds only what is fixed for a caller's lifetime; a stride
 # divisible by 16 lets the row loads vectorise. Nothing that varies per step is an int argument,
-# and the workspace's row count stays a separate, unspecialised one: one compiled kernel serves
-# every workspace.
+# and ints that differ between callers stay separate and unspecialised: the workspace's row
+# count (one compiled kernel serves every workspace) and the bitmask's row stride.
 # The per-request inputs are read a word at a time, so their alignment buys nothing: they stay
 # separate pointers, not specialised on it, so that the engine (views into one staging buffer)
 # and a caller with fresh tensors (the oracle) share one compiled kernel.
+_NOT_SPECIALISED = ["bitmask_stride", "rows"]
 _ANY_ALIGNMENT = ["num_reqs_ptr", "req_slots_ptr", "cu_num_logits_ptr", "seq_lens_ptr",
                   "bitmask_on_ptr", "draft_ptr"]
 
@@ -182,7 +184,7 @@ def _open_row(num_reqs_ptr, req_slots_ptr, cu_num_logits_ptr, seq_lens_ptr, row_
 
 
 @triton.jit
-def _row_inputs(logits, mask, bitmask_on_ptr, slots_ptr, slot, row, position,
+def _row_inputs(logits, mask, bitmask_stride, bitmask_on_ptr, slots_ptr, slot, row, position,
                 VOCAB: tl.constexpr, K: tl.constexpr):
     """Both launches' set-up of a live row -> (logits row pointer, bitmask row pointer, whether
     the bitmask applies, RNG key, and the slot's 1 / temperature (1 when greedy), top_k, top_p,
@@ -199,7 +201,7 @@ def _row_inputs(logits, mask, bitmask_on_ptr, slots_ptr, slot, row, position,
     key = rng.row_key(tl.load(params + 4), tl.load(params + 5), position)
     mask_row_ptr = slots_ptr  # never read without a bitmask
     if mask is not None:
-        mask_row_ptr = mask.words + tl.load(mask.rows + row).to(tl.int64) * mask.stride
+        mask_row_ptr = mask.words + tl.load(mask.rows + row).to(tl.int64) * bitmask_stride
     logits_ptr, logits_stride = logits
     row_ptr = logits_ptr + row.to(tl.int64) * logits_stride
     return (row_ptr, mask_row_ptr, _mask_on(bitmask_on_ptr), key, inv_temp, top_k,
@@ -218,7 +220,7 @@ def _mask_on(bitmask_on_ptr):
 # --------------------------------------------------------------------------- launch 1: scan
 
 
-@triton.jit(do_not_specialize=["rows"], do_not_specialize_on_alignment=_ANY_ALIGNMENT)
+@triton.jit(do_not_specialize=_NOT_SPECIALISED, do_not_specialize_on_alignment=_ANY_ALIGNMENT)
 def _scan_kernel(
     logits,  # (pointer to [num_rows, padded_vocab] fp32/bf16/fp16, row stride)
     num_reqs_ptr,  # [1] int32: n
@@ -226,6 +228,7 @@ def _scan_kernel(
     cu_num_logits_ptr,  # [>= n + 1] int32
     seq_lens_ptr,  # [>= n] int32
     mask,  # Bitmask or None
+    bitmask_stride,  # row stride of mask.words (0 without a bitmask)
     bitmask_on_ptr,  # [1] int32: 0 = this step has no bitmask; None: no per-step flag
     slots_ptr,  # [max_num_slots, SLOT_WIDTH] int32, packed SlotTables
     ws_ptr,  # SamplerWorkspace.buffer
@@ -249,8 +252,8 @@ def _scan_kernel(
         split = tl.program_id(1)
         row = first_row + r
         (row_ptr, mask_row_ptr, mask_on, key, inv_temp, top_k, top_p, min_p, num_logprobs,
-         is_random, filtered) = _row_inputs(logits, mask, bitmask_on_ptr, slots_ptr, slot, row,
-                                            seq_len + r, VOCAB, K)
+         is_random, filtered) = _row_inputs(logits, mask, bitmask_stride, bitmask_on_ptr,
+                                            slots_ptr, slot, row, seq_len + r, VOCAB, K)
         small_k = filtered & (top_k > 0) & (top_k <= TOP)
         # The unfiltered winner is the draw of an unfiltered row. A filtered row draws from its
         # pool, and its stream skips the per-token RNG (the finish computes the unfiltered
@@ -413,10 +416,10 @@ def _capture_cut(pool_x, pool_id, fill, raw, allowed, offs, scale, cut_s, cut_r,
 # --------------------------------------------------------------------------- launch 2: records
 
 
-@triton.jit(do_not_specialize=["rows"], do_not_specialize_on_alignment=_ANY_ALIGNMENT)
+@triton.jit(do_not_specialize=_NOT_SPECIALISED, do_not_specialize_on_alignment=_ANY_ALIGNMENT)
 def _finish_kernel(
-    logits, num_reqs_ptr, req_slots_ptr, cu_num_logits_ptr, seq_lens_ptr, mask, bitmask_on_ptr,
-    slots_ptr, ws_ptr, rows,  # as _scan_kernel
+    logits, num_reqs_ptr, req_slots_ptr, cu_num_logits_ptr, seq_lens_ptr, mask, bitmask_stride,
+    bitmask_on_ptr, slots_ptr, ws_ptr, rows,  # as _scan_kernel
     records,  # (pointer to [>= n, RecordLayout.width] int32, row stride)
     draft_ptr,  # [num_rows] int32, or None: no drafts
     VOCAB: tl.constexpr, M: tl.constexpr, K: tl.constexpr, SPLITS: tl.constexpr,
@@ -432,8 +435,8 @@ def _finish_kernel(
                                                           M)
     if live:
         (row_ptr, mask_row_ptr, mask_on, key, inv_temp, top_k, top_p, min_p, num_logprobs,
-         is_random, filtered) = _row_inputs(logits, mask, bitmask_on_ptr, slots_ptr, slot,
-                                            first_row + r, seq_len + r, VOCAB, K)
+         is_random, filtered) = _row_inputs(logits, mask, bitmask_stride, bitmask_on_ptr,
+                                            slots_ptr, slot, first_row + r, seq_len + r, VOCAB, K)
         part, fill, pool_x, pool_id, stats, top = workspace_row(workspace, row_id, SPLITS, CAP)
         n_pool = tl.load(fill, cache_modifier=".cg")
         # Every thread reads the count before any resets it (each thread loads it itself).
@@ -653,20 +656,21 @@ def sample(logits: torch.Tensor, *, vocab_size: int, num_reqs: torch.Tensor,
     chunk, splits, cap = workspace.chunk_size, workspace.num_splits, workspace.pool_size
     # Powers of two: the scan's tile divides its chunk.
     chunk_block = min(block, chunk, SCAN_BLOCK_SIZE)
-    mask = Bitmask(bitmask, bitmask.stride(0), bitmask_rows) if bitmask is not None else None
+    mask = Bitmask(bitmask, bitmask_rows) if bitmask is not None else None
+    bitmask_stride = bitmask.stride(0) if bitmask is not None else 0
     batch = (num_reqs, req_slots, cu_num_logits, seq_lens)
     logits_arg = (logits, logits.stride(0))
     workspace_arg = (workspace.buffer, workspace.max_num_reqs * m)
     sizes = dict(VOCAB=vocab_size, M=m, K=k, SPLITS=splits, CAP=cap, BLOCK=chunk_block)
-    launch(_scan_kernel, (max_num_reqs * m, splits), logits_arg, *batch, mask, bitmask_enabled,
-           tables.packed, *workspace_arg, CHUNK=chunk, **sizes,
+    launch(_scan_kernel, (max_num_reqs * m, splits), logits_arg, *batch, mask, bitmask_stride,
+           bitmask_enabled, tables.packed, *workspace_arg, CHUNK=chunk, **sizes,
            **scan_options(bitmask is not None, chunk_block))
     if bitmask_enabled is not None:
         # The variant for steps whose flag is off (see `_scan_kernel`).
-        launch(_scan_kernel, (max_num_reqs * m, splits), logits_arg, *batch, None,
+        launch(_scan_kernel, (max_num_reqs * m, splits), logits_arg, *batch, None, 0,
                bitmask_enabled, tables.packed, *workspace_arg, CHUNK=chunk, **sizes,
                **scan_options(False, chunk_block))
-    launch(_finish_kernel, (max_num_reqs * m,), logits_arg, *batch, mask, bitmask_enabled,
-           tables.packed, *workspace_arg, (records, records.stride(0)), draft_tokens, **sizes,
-           SMALL_BLOCK=min(block, SMALL_BLOCK_SIZE),
+    launch(_finish_kernel, (max_num_reqs * m,), logits_arg, *batch, mask, bitmask_stride,
+           bitmask_enabled, tables.packed, *workspace_arg, (records, records.stride(0)),
+           draft_tokens, **sizes, SMALL_BLOCK=min(block, SMALL_BLOCK_SIZE),
            num_warps=8 if chunk_block >= 1024 else 4, **NO_FMA)

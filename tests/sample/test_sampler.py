@@ -731,6 +731,30 @@ def test_one_compiled_kernel_pair_serves_every_batch_size(monkeypatch):
     assert grids[sampler._finish_kernel] == [(2 * b,) for b in bounds]
 
 
+def test_bitmask_row_stride_does_not_specialise(monkeypatch):
+    """The engine's bitmask rows are as wide as the padded vocabulary, the oracle's perhaps as
+    wide as the real one: both launch the same compiled kernels."""
+    keys = {}
+
+    def record_launch(kernel, grid, *args, **kwargs):
+        keys.setdefault(kernel, set()).add(specialization_key(kernel, args, kwargs))
+
+    monkeypatch.setattr(sampler, "launch", record_launch)
+    rows, layout = 4, RecordLayout(1, 0)
+    words = -(-V // 32)
+    for width in (words, words + 5, 16 * words):
+        sampler.sample(torch.zeros(rows, PV), vocab_size=V, num_reqs=i32([2], "cpu"),
+                       req_slots=i32(np.zeros(rows), "cpu"),
+                       cu_num_logits=i32(np.arange(rows + 1), "cpu"),
+                       seq_lens=i32(np.zeros(rows), "cpu"), tables=SlotTables(NUM_SLOTS, "cpu"),
+                       layout=layout, records=torch.zeros(rows, layout.width, dtype=torch.int32),
+                       max_num_reqs=rows, bitmask=i32(np.zeros((rows, width)), "cpu"),
+                       bitmask_rows=i32(np.arange(rows), "cpu"), bitmask_enabled=i32([1], "cpu"))
+    # The scan's two variants (with and without bitmask support) and one finish.
+    assert {kernel: len(ks) for kernel, ks in keys.items()} == {sampler._scan_kernel: 2,
+                                                                sampler._finish_kernel: 1}
+
+
 def _valid_args(**over):
     layout = RecordLayout(1, 0)
     args = dict(vocab_size=V, num_reqs=i32([1], "cpu"), req_slots=i32([0, 0], "cpu"),
