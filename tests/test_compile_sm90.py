@@ -113,7 +113,7 @@ def _divergence_kernels(tmp: str) -> list[dict]:
                   AGREE=True, BLOCK=4096)
     records_c = dict(world, WIDTH=4, REQ_TILE=32, MAX_BLOCKS=256, CHANNEL=2, FENCE_BEFORE=False,
                      DONE=True, AGREE=True)
-    judge_c = dict(world, WORLD_POW2=2, DONE=True)  # judges, then ends the step
+    judge_c = dict(world, DONE=True)  # judges, then ends the step
     i32 = "*i32"
     return [
         _compile(_seal_kernel, args(_seal_kernel, {}, out_ptr=i32, max_num_reqs="i32"), {}, 4,

@@ -92,15 +92,14 @@ def _words(base, j, live):
 
 
 @triton.jit
-def judge(digests_ptr, rank_stride, verdicts_address_ptr, seq_ptr, WORLD_SIZE: tl.constexpr,
-          WORLD_POW2: tl.constexpr):
+def judge(digests_ptr, rank_stride, verdicts_address_ptr, seq_ptr, WORLD_SIZE: tl.constexpr):
     """Compare every rank's digest with rank 0's; on any difference write the verdict into the
     pinned row of this step's parity. Rank r's digest (DIGEST_WORDS int64) starts at int32 word
     r * rank_stride of `digests_ptr`: a p2p digest buffer, or the rows a padded transport's
     record gather carried. Called by one program, before the step's done word is written (by
     it, or by a program that synchronizes with it)."""
     words = digests_ptr.to(tl.pointer_type(tl.int32))
-    ranks = tl.arange(0, WORLD_POW2)
+    ranks = tl.arange(0, triton.next_power_of_2(WORLD_SIZE))
     live = ranks < WORLD_SIZE
     base = words + ranks * rank_stride
     steps = _words(base, 0, live)
@@ -143,9 +142,8 @@ def _seal_kernel(meta_ptr, max_num_reqs, out_ptr):
 
 @triton.jit(do_not_specialize=["rank_stride"], do_not_specialize_on_alignment=["digests_ptr"])
 def _judge_kernel(digests_ptr, rank_stride, verdicts_address_ptr, seq_ptr, done_address_ptr,
-                  last_ptr, WORLD_SIZE: tl.constexpr, WORLD_POW2: tl.constexpr,
-                  DONE: tl.constexpr):
-    judge(digests_ptr, rank_stride, verdicts_address_ptr, seq_ptr, WORLD_SIZE, WORLD_POW2)
+                  last_ptr, WORLD_SIZE: tl.constexpr, DONE: tl.constexpr):
+    judge(digests_ptr, rank_stride, verdicts_address_ptr, seq_ptr, WORLD_SIZE)
     if DONE:
         # The step's last kernel too: `judge` made a verdict visible before this done word.
         signal_done(done_address_ptr, seq_ptr, last_ptr)
@@ -164,5 +162,4 @@ def judge_gathered(gathered: torch.Tensor, rank_stride: int, verdicts_address: t
     (`Staging.done_args()`) the same kernel then ends the step."""
     address, _, last = done_args if done_args is not None else (header,) * 3
     launch(_judge_kernel, (1,), gathered, rank_stride, verdicts_address, header, address, last,
-           WORLD_SIZE=world_size, WORLD_POW2=triton.next_power_of_2(world_size),
-           DONE=done_args is not None)
+           WORLD_SIZE=world_size, DONE=done_args is not None)

@@ -116,9 +116,10 @@ else:
 
 
 @triton.jit
-def _arrive(signal_ptrs_ptr, slot, rank, WORLD_SIZE: tl.constexpr, WORLD_POW2: tl.constexpr):
+def _arrive(signal_ptrs_ptr, slot, rank, WORLD_SIZE: tl.constexpr):
     """Raise this rank's flag for `slot` on every rank's pad; release publishes this program's
     earlier stores (the CTA barrier first makes every thread's stores part of it)."""
+    WORLD_POW2: tl.constexpr = triton.next_power_of_2(WORLD_SIZE)
     peers = tl.arange(0, WORLD_POW2)
     live = peers < WORLD_SIZE
     pads = tl.load(signal_ptrs_ptr + peers, mask=live, other=0).to(tl.pointer_type(tl.int32))
@@ -182,8 +183,8 @@ def _record_fault(status_ptr, phase, peer):
 
 @triton.jit
 def _sync(signal_ptrs_ptr, status_ptr, slot, rank, timeout_ns, MAX_BLOCKS: tl.constexpr,
-          WORLD_SIZE: tl.constexpr, WORLD_POW2: tl.constexpr):
-    _arrive(signal_ptrs_ptr, slot, rank, WORLD_SIZE, WORLD_POW2)
+          WORLD_SIZE: tl.constexpr):
+    _arrive(signal_ptrs_ptr, slot, rank, WORLD_SIZE)
     # Read after the arrive, so its latency overlaps the flag stores.
     healthy = _healthy(status_ptr)
     return _await(signal_ptrs_ptr, status_ptr, healthy, slot, rank, timeout_ns, MAX_BLOCKS,
@@ -219,7 +220,7 @@ def _push_rows_kernel(
     ok = True
     if FENCE:
         ok = _sync(signal_ptrs_ptr, status_ptr, CHANNEL * MAX_BLOCKS + pid, rank, timeout_ns,
-                   MAX_BLOCKS, WORLD_SIZE, WORLD_POW2)
+                   MAX_BLOCKS, WORLD_SIZE)
     if AGREE:
         # 32 bytes to every rank, landed by this kernel's end barrier. The last program has the
         # least row work at small batches.
@@ -259,7 +260,7 @@ def _push_rows_kernel(
 
     if ok:
         _sync(signal_ptrs_ptr, status_ptr, (CHANNEL + 1) * MAX_BLOCKS + pid, rank, timeout_ns,
-              MAX_BLOCKS, WORLD_SIZE, WORLD_POW2)
+              MAX_BLOCKS, WORLD_SIZE)
 
 
 @triton.jit
@@ -296,14 +297,15 @@ def _push_records_kernel(
     AGREE: tl.constexpr,  # judge the digests the step's row push delivered (needs DONE)
 ):
     WIDTH_POW2: tl.constexpr = triton.next_power_of_2(WIDTH)
-    WORLD_POW2: tl.constexpr = triton.next_power_of_2(WORLD_SIZE)
     records_ptr, records_row_stride = records
+    done_address_ptr, done_seq_ptr, done_last_ptr = done
+    digests_ptr, verdicts_address_ptr = verdict
     pid = tl.program_id(0)
     num_programs = tl.num_programs(0)
     ok = True
     if FENCE_BEFORE:
         ok = _sync(signal_ptrs_ptr, status_ptr, CHANNEL * MAX_BLOCKS + pid, rank, timeout_ns,
-                   MAX_BLOCKS, WORLD_SIZE, WORLD_POW2)
+                   MAX_BLOCKS, WORLD_SIZE)
 
     num_local = tl.load(local_num_reqs_ptr)
     num_tiles = (num_local + REQ_TILE - 1) // REQ_TILE
@@ -327,10 +329,10 @@ def _push_records_kernel(
         # arrived there. A program that gave up leaves the verdict to the fault. The last
         # program has the fewest records to push at small batches.
         if ok & (pid == num_programs - 1):
-            judge(verdict[0], 2 * DIGEST_SIZE, verdict[1], done[1], WORLD_SIZE, WORLD_POW2)
+            judge(digests_ptr, 2 * DIGEST_SIZE, verdicts_address_ptr, done_seq_ptr, WORLD_SIZE)
     if ok:
         _sync(signal_ptrs_ptr, status_ptr, (CHANNEL + 1) * MAX_BLOCKS + pid, rank, timeout_ns,
-              MAX_BLOCKS, WORLD_SIZE, WORLD_POW2)
+              MAX_BLOCKS, WORLD_SIZE)
     if DONE:
         # Each program's end barrier covers the peers' programs of its id; the step is done
         # once every program is past its own. The last one writes the done word and re-arms the
@@ -338,18 +340,17 @@ def _push_records_kernel(
         # too: the host then finds the fault next to the done word.
         if tl.atomic_add(arrivals_ptr, 1, sem="acq_rel", scope="gpu") == num_programs - 1:
             tl.atomic_xchg(arrivals_ptr, 0, sem="relaxed", scope="gpu")
-            signal_done(done[0], done[1], done[2])
+            signal_done(done_address_ptr, done_seq_ptr, done_last_ptr)
 
 
 @triton.jit(do_not_specialize=["timeout_ns"])
 def _barrier_kernel(signal_ptrs_ptr, status_ptr, rank, timeout_ns, WORLD_SIZE: tl.constexpr,
                     MAX_BLOCKS: tl.constexpr, CHANNEL: tl.constexpr):
-    WORLD_POW2: tl.constexpr = triton.next_power_of_2(WORLD_SIZE)
     # Two phases, so a fast rank cannot re-raise a flag its peer has not consumed yet.
     if _sync(signal_ptrs_ptr, status_ptr, CHANNEL * MAX_BLOCKS, rank, timeout_ns, MAX_BLOCKS,
-             WORLD_SIZE, WORLD_POW2):
+             WORLD_SIZE):
         _sync(signal_ptrs_ptr, status_ptr, (CHANNEL + 1) * MAX_BLOCKS, rank, timeout_ns,
-              MAX_BLOCKS, WORLD_SIZE, WORLD_POW2)
+              MAX_BLOCKS, WORLD_SIZE)
 
 
 # -- peer memory --------------------------------------------------------------------------------
