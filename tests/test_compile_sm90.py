@@ -71,9 +71,8 @@ def report() -> list[dict]:
             i32 = "*i32"
             common = dict(logits=(f"*{dtype}", "i32"), num_reqs_ptr=i32, req_slots_ptr=i32,
                           cu_num_logits_ptr=i32, seq_lens_ptr=i32, slots_ptr=i32,
-                          ws_ptr=i32, rows="i32", records=(i32, "i32"))
+                          ws_ptr=i32, rows="i32", records=(i32, "i32"), bitmask_stride="i32")
             # Absent optional inputs are None: constexprs.
-            common.update(bitmask_stride="i32")
             optional = dict(mask=sampler.Bitmask(i32, i32) if bitmask else None,
                             bitmask_on_ptr=i32 if bitmask else None,
                             draft_ptr=i32 if m > 1 else None)
