@@ -183,11 +183,11 @@ def _open_row(num_reqs_ptr, req_slots_ptr, cu_num_logits_ptr, seq_lens_ptr, row_
 
 
 @triton.jit
-def _row_inputs(logits, mask, bitmask_stride, bitmask_on_ptr, slots_ptr, slot, row, position,
-                VOCAB: tl.constexpr, K: tl.constexpr):
-    """Both launches' set-up of a live row -> (logits row pointer, bitmask row pointer, whether
-    the bitmask applies, RNG key, and the slot's 1 / temperature (1 when greedy), top_k, top_p,
-    min_p, logprobs wanted (<= K), random, filtered)."""
+def _row_inputs(logits, mask, bitmask_stride, slots_ptr, slot, row, position, VOCAB: tl.constexpr,
+                K: tl.constexpr):
+    """Both launches' set-up of a live row -> (logits row pointer, bitmask row pointer, RNG key,
+    and the slot's 1 / temperature (1 when greedy), top_k, top_p, min_p, logprobs wanted (<= K),
+    random, filtered)."""
     params = slots_ptr + slot * SLOT_ROW
     temperature = tl.load(params).to(tl.float32, bitcast=True)
     top_k = tl.load(params + 1)
@@ -203,8 +203,8 @@ def _row_inputs(logits, mask, bitmask_stride, bitmask_on_ptr, slots_ptr, slot, r
         mask_row_ptr = mask.words + tl.load(mask.rows + row).to(tl.int64) * bitmask_stride
     logits_ptr, logits_stride = logits
     row_ptr = logits_ptr + row.to(tl.int64) * logits_stride
-    return (row_ptr, mask_row_ptr, _mask_on(bitmask_on_ptr), key, inv_temp, top_k,
-            top_p, min_p, num_logprobs, is_random, filtered)
+    return (row_ptr, mask_row_ptr, key, inv_temp, top_k, top_p, min_p, num_logprobs, is_random,
+            filtered)
 
 
 @triton.jit
@@ -241,18 +241,19 @@ def _scan_kernel(
     row_id = tl.program_id(0)
     live, _, r, first_row, m, seq_len, slot = _open_row(num_reqs_ptr, req_slots_ptr,
                                                         cu_num_logits_ptr, seq_lens_ptr, row_id, M)
+    mask_on = _mask_on(bitmask_on_ptr)
     if bitmask_on_ptr is not None:
         # With a device flag the launcher runs this kernel twice, with and without bitmask
         # support, and the flag picks which one works (the other's programs return at once):
-        # a step without a bitmask streams in the lean variant, whose registers (64 against 112
+        # a step without a bitmask streams in the lean variant, whose registers (64 against 108
         # with the mask, fp32) fit twice the programs per SM.
-        live = live & (_mask_on(bitmask_on_ptr) == HAS_BITMASK)
+        live = live & (mask_on == HAS_BITMASK)
     if live:
         split = tl.program_id(1)
         row = first_row + r
-        (row_ptr, mask_row_ptr, mask_on, key, inv_temp, top_k, top_p, min_p, num_logprobs,
-         is_random, filtered) = _row_inputs(logits, mask, bitmask_stride, bitmask_on_ptr,
-                                            slots_ptr, slot, row, seq_len + r, VOCAB, K)
+        (row_ptr, mask_row_ptr, key, inv_temp, top_k, top_p, min_p, num_logprobs, is_random,
+         filtered) = _row_inputs(logits, mask, bitmask_stride, slots_ptr, slot, row, seq_len + r,
+                                 VOCAB, K)
         small_k = filtered & (top_k > 0) & (top_k <= TOP)
         # The unfiltered winner is the draw of an unfiltered row. A filtered row draws from its
         # pool, and its stream skips the per-token RNG (the finish computes the unfiltered
@@ -433,9 +434,10 @@ def _finish_kernel(
                                                           cu_num_logits_ptr, seq_lens_ptr, row_id,
                                                           M)
     if live:
-        (row_ptr, mask_row_ptr, mask_on, key, inv_temp, top_k, top_p, min_p, num_logprobs,
-         is_random, filtered) = _row_inputs(logits, mask, bitmask_stride, bitmask_on_ptr,
-                                            slots_ptr, slot, first_row + r, seq_len + r, VOCAB, K)
+        mask_on = _mask_on(bitmask_on_ptr)
+        (row_ptr, mask_row_ptr, key, inv_temp, top_k, top_p, min_p, num_logprobs, is_random,
+         filtered) = _row_inputs(logits, mask, bitmask_stride, slots_ptr, slot, first_row + r,
+                                 seq_len + r, VOCAB, K)
         part, fill, pool_x, pool_id, stats, top = workspace_row(workspace, row_id, SPLITS, CAP)
         n_pool = tl.load(fill, cache_modifier=".cg")
         # Every thread reads the count before any resets it (each thread loads it itself).
