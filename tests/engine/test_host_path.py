@@ -175,6 +175,27 @@ def test_large_batches_take_the_vectorised_slot_test():
     assert not checker.accepts(*batch)
 
 
+@settings(deadline=None, max_examples=60)
+@given(data=st.data(), n=st.integers(20, 48), flaw=st.sampled_from(
+    ["none", "duplicate", "inactive", "out_of_range", "negative"]))
+def test_both_slot_tests_agree_with_the_exact_checks(data, n, flaw):
+    """Batches on both sides of the set test's bound (the vectorised test above it)."""
+    limits = BatchLimits(48, 1, 64)
+    active = data.draw(st.sets(st.integers(0, 63), min_size=n, max_size=64))
+    idx = np.array(data.draw(st.permutations(sorted(active)))[:n], np.int32)
+    at = data.draw(st.integers(0, n - 1))
+    idx[at] = {"none": idx[at], "duplicate": idx[(at + 1) % n], "out_of_range": 64,
+               "negative": -5, "inactive": min(set(range(64)) - active, default=idx[at])}[flaw]
+    checker = _checker(active, limits)
+    batch = (idx, np.arange(n + 1, dtype=np.int32), np.zeros(n, np.int32))
+    try:
+        checker.check_exactly(*batch)
+        valid = True
+    except InvalidBatchError:
+        valid = False
+    assert checker.accepts(*batch) == valid
+
+
 def test_the_cheap_tensor_test_accepts_only_what_tensor_error_accepts():
     engine = _greedy(max_num_logits_per_req=2)
     inp, vs = engine.inputs, engine.vocab_shard
