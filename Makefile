@@ -31,9 +31,11 @@ STEPS ?=
 demo: $(VENV)/.installed
 	$(PY) -m graphshard demo --config $(CONFIG) $(if $(TP),--tp $(TP)) $(if $(STEPS),--steps $(STEPS))
 
-# The CPU suite runs its kernels under the Triton interpreter; tests/gpu needs compiled kernels.
+# The CPU suite runs its kernels under the Triton interpreter, in JOBS worker processes
+# (pytest-xdist; JOBS=0 runs in one process); tests/gpu needs compiled kernels.
+JOBS ?= 2
 test: env
-	TRITON_INTERPRET=1 $(PY) -m pytest -q tests --ignore=tests/gpu
+	TRITON_INTERPRET=1 $(PY) -m pytest -q -n $(JOBS) tests --ignore=tests/gpu
 
 test-gpu: env
 	$(PY) -m pytest -q tests/gpu
