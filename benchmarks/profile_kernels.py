@@ -2,8 +2,8 @@
 captured tp = 1 engine step (CUPTI through torch.profiler; no hardware counters needed).
 
 Usage: python3 -m benchmarks.profile_kernels [--vocab 152064] [--dtype float32]
-       [--modes greedy,top_k_top_p,...] [--batches 1,32,256,1024] [--k K] [--no-step]
-       [--out kernels.json]
+       [--modes greedy,top_k_top_p,...] [--batches 1,32,256,1024] [--k K] [--bitmask]
+       [--no-step] [--out kernels.json]
 Prints one line per (what, batch, kernel): mean µs per call over the profiled calls, and per
 (mode, batch) the rows that left the sampler's candidate path over those calls.
 """
@@ -71,6 +71,8 @@ def main(argv=None):
     parser.add_argument("--batches", default="1,32,256,1024")
     parser.add_argument("--k", type=int, default=None,
                         help="layout K of every mode (default: 20 for logprob modes, else 0)")
+    parser.add_argument("--bitmask", action="store_true",
+                        help="sampler calls with a grammar bitmask switched on by its device flag")
     parser.add_argument("--no-step", action="store_true", help="skip the tp = 1 engine step")
     parser.add_argument("--out", default=None)
     args = parser.parse_args(argv)
@@ -82,11 +84,13 @@ def main(argv=None):
     for mode in args.modes.split(","):
         for batch in batches:
             k = args.k if args.k is not None else MAX_LOGPROBS if MODES[mode].num_logprobs else 0
-            call, ws = sampler_call(logits[:batch], args.vocab, MODES[mode], k, device)
+            call, ws = sampler_call(logits[:batch], args.vocab, MODES[mode], k, device,
+                                    bitmask=args.bitmask)
+            what = f"sampler_{mode}" + ("_bitmask" if args.bitmask else "")
             for name, us in kernel_us(call).items():
-                rows.append(dict(what=f"sampler_{mode}", batch=batch, kernel=name, us=us))
+                rows.append(dict(what=what, batch=batch, kernel=name, us=us))
             # Rows of all the calls above that left the candidate path (see SamplerWorkspace).
-            rows.append(dict(what=f"sampler_{mode}", batch=batch, kernel="paths", us=0.0,
+            rows.append(dict(what=what, batch=batch, kernel="paths", us=0.0,
                              paths=ws.paths()))
     if not args.no_step:
         rows += step_kernels(args.vocab, dtype, batches, device)

@@ -81,10 +81,12 @@ class TorchSortSampler:
 
 
 def sampler_call(logits: torch.Tensor, vocab: int, params: SamplingParams, num_logprobs: int,
-                 device) -> tuple:
+                 device, bitmask: bool = False) -> tuple:
     """(call, workspace): `call()` launches the sampler once over `logits` [batch, padded vocab],
-    every row a one-row request with `params` (layout K = `num_logprobs`, positions 100). The
-    set-up is done here, once: `call` only launches, so it can be timed or captured."""
+    every row a one-row request with `params` (layout K = `num_logprobs`, positions 100). With
+    `bitmask`, as the engine launches it: a grammar bitmask that allows every token, switched on
+    by a device flag (both scan variants launch; the bitmask one streams). The set-up is done
+    here, once: `call` only launches, so it can be timed or captured."""
     batch = logits.shape[0]
     layout = RecordLayout(1, num_logprobs)
     tables = SlotTables(batch, device)
@@ -95,9 +97,14 @@ def sampler_call(logits: torch.Tensor, vocab: int, params: SamplingParams, num_l
     idx, cu = torch.arange(batch, **i32), torch.arange(batch + 1, **i32)
     n, lens = torch.tensor([batch], **i32), torch.full((batch,), 100, **i32)
     ws = SamplerWorkspace.allocate(batch, 1, vocab, device)
+    mask = {}
+    if bitmask:
+        mask = dict(bitmask=torch.full((batch, -(-vocab // 32)), -1, **i32), bitmask_rows=idx,
+                    bitmask_enabled=torch.ones(1, **i32))
 
     def call():
         sample(logits, vocab_size=vocab, num_reqs=n, req_slots=idx, cu_num_logits=cu, seq_lens=lens,
-               tables=tables, layout=layout, records=records, max_num_reqs=batch, workspace=ws)
+               tables=tables, layout=layout, records=records, max_num_reqs=batch, workspace=ws,
+               **mask)
 
     return call, ws
