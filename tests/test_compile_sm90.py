@@ -8,7 +8,8 @@ TRITON_INTERPRET (the interpreter replaces `@triton.jit` at import), and checks 
 Triton ships that the streaming scan never spills, and that its variant without bitmask support
 fits the launcher's register cap (four programs of 8 warps per SM) with the launcher's options.
 
-Run alone: `python -m tests.test_compile_sm90` prints each kernel's registers and spills.
+Run alone: `python -m tests.test_compile_sm90` prints each kernel's registers, spills and machine
+code bytes (so a kernel change can be weighed on a CPU before a GPU times it).
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ import inspect
 import json
 import os
 import re
+import struct
 import subprocess
 import sys
 import tempfile
@@ -53,7 +55,24 @@ def _compile(kernel, args: dict, consts: dict, num_warps: int, tmp: str, **optio
                          capture_output=True, text=True, check=True).stderr
     regs = int(re.search(r"Used (\d+) registers", out).group(1))
     spills = sum(int(v) for v in re.findall(r"(\d+) bytes spill (?:stores|loads)", out))
-    return {"kernel": kernel.fn.__name__, "registers": regs, "spill_bytes": spills}
+    return {"kernel": kernel.fn.__name__, "registers": regs, "spill_bytes": spills,
+            "code_bytes": _code_bytes(Path(str(ptx) + ".o"), kernel.fn.__name__)}
+
+
+def _code_bytes(cubin: Path, name: str) -> int:
+    """Size of the kernel's machine code: its `.text.<name>` section in the ELF that ptxas wrote
+    (64-bit little-endian section headers)."""
+    elf = cubin.read_bytes()
+    (shoff,) = struct.unpack_from("<Q", elf, 0x28)
+    shentsize, shnum, shstrndx = struct.unpack_from("<HHH", elf, 0x3A)
+    header = lambda i: struct.unpack_from("<IIQQQQ", elf, shoff + i * shentsize)  # noqa: E731
+    names_at = header(shstrndx)[4]
+    for i in range(shnum):
+        name_at, *_, size = header(i)
+        start = names_at + name_at
+        if elf[start:elf.index(b"\0", start)] == f".text.{name}".encode():
+            return size
+    raise ValueError(f"no .text.{name} section in {cubin}")
 
 
 def report() -> list[dict]:
