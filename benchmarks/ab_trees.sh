@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Sampler kernel times of several source trees in one device call (an ablation: copies of this
+# Sampler kernel times of several source trees in one GPU run (an ablation: copies of this
 # tree with one change each). Every tree compiles at once (the Triton cache keeps them), then
 # each is timed alone: round 1 in the order given, round 2 (ROUNDS=2) in reverse, so a drift of
 # the GPU over the run shows as a difference between the rounds.
@@ -9,7 +9,7 @@
 # e.g. `git archive HEAD | tar -x -C out/abl/base`, then edited; it is named by its last path
 # component (names must differ). Paths are relative to where the script runs. Results:
 # $OUT/ab_trees.tgz holding kernels_<tree>_<round>.json and .log (one file, so any number of
-# trees comes back from the device), plus the summary printed at the end.
+# trees comes back from the GPU machine), plus the summary printed at the end.
 set -uo pipefail
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 PYTHONUNBUFFERED=1
 usage() { echo "usage: $0 TREE... [-- profile_kernels args]" >&2; exit 2; }
@@ -36,8 +36,9 @@ cd "$(dirname "$0")/.."
 work=$(mktemp -d)
 status=0
 for i in "${!trees[@]}"; do
-  (cd "${trees[$i]}" && timeout 300 python3 -m benchmarks.profile_kernels --modes greedy \
-    --batches 1 --k 20 --no-step > "$work/warm_${names[$i]}.log" 2>&1) &
+  # The timed arguments at one mode and batch: the same kernel variants (a bitmask's too).
+  (cd "${trees[$i]}" && timeout 300 python3 -m benchmarks.profile_kernels "${args[@]}" \
+    --modes greedy --batches 1 > "$work/warm_${names[$i]}.log" 2>&1) &
 done
 wait
 order=("${!trees[@]}")

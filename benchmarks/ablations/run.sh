@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Time the ablation patches of this folder against the unpatched code, in one GPU run.
 # Usage: OUT=dir [ROUNDS=1|2] bash benchmarks/ablations/run.sh [VARIANT...] [-- profile_kernels args]
-# A VARIANT is NAME=PATCH[+PATCH...] (patch file names without .patch); the default variants are
-# radix=scan_radix_loop, both=scan_radix_loop+scan_one_capture and finish=finish_radix_loops.
+# A VARIANT is NAME=PATCH[+PATCH...] (patch file names without .patch); the default variant is
+# capture=scan_one_capture.
 # Every tree (base and one per variant) is a copy of this checkout's project files with its
 # patches applied, made under a temporary folder (no git needed); then benchmarks/ab_trees.sh
 # times them. DRY=1 only builds the trees and says where they are.
@@ -12,8 +12,7 @@ root=$(cd "$here/../.." && pwd)
 variants=() args=()
 while [[ $# -gt 0 && $1 != "--" ]]; do variants+=("$1"); shift; done
 [[ $# -gt 0 ]] && { shift; args=("$@"); }
-[[ ${#variants[@]} -gt 0 ]] || variants=(radix=scan_radix_loop both=scan_radix_loop+scan_one_capture
-                                      finish=finish_radix_loops)
+[[ ${#variants[@]} -gt 0 ]] || variants=(capture=scan_one_capture)
 work=$(mktemp -d)
 copy_tree() {
   mkdir -p "$work/$1"
