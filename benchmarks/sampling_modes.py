@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import torch
 
-from graphshard.sample.kernels import SamplerWorkspace, sample
+from graphshard.sample.kernels import SamplerWorkspace, bitmask_words, sample
 from graphshard.sample.params import SamplingParams, SlotTables
 from graphshard.sample.records import RecordLayout
 
@@ -99,7 +99,7 @@ def sampler_call(logits: torch.Tensor, vocab: int, params: SamplingParams, num_l
     ws = SamplerWorkspace.allocate(batch, 1, vocab, device)
     mask = {}
     if bitmask:
-        mask = dict(bitmask=torch.full((batch, -(-vocab // 32)), -1, **i32), bitmask_rows=idx,
+        mask = dict(bitmask=torch.full((batch, bitmask_words(vocab)), -1, **i32), bitmask_rows=idx,
                     bitmask_enabled=torch.ones(1, **i32))
 
     def call():

@@ -32,7 +32,7 @@ from graphshard.plan.layout import PlanBuffers
 from graphshard.sample.records import RecordLayout, SamplerOutput, unpack
 from graphshard.engine.rendezvous import Rendezvous
 from graphshard.engine.routes import Route, eager_key, keys_for
-from graphshard.sample.kernels import SamplerWorkspace, sample
+from graphshard.sample.kernels import SamplerWorkspace, bitmask_words, sample
 from graphshard.engine.strategy import REPLICATE, SHARD, choose_strategies
 from graphshard.engine.validate import BatchChecker, BatchLimits
 
@@ -113,9 +113,11 @@ class Engine:
         cfg, dev = self.config, self.device
         n, m = cfg.max_num_reqs, cfg.max_num_logits_per_req
         self.tables = SlotTables(cfg.max_num_slots, dev)
-        self.inputs = StepInputs(max_num_reqs=n, max_num_logits_per_req=m, vocab_shard=self.vocab_shard,
-                                 bitmask_words=-(-self.vocab // 32), logits_dtype=self.dtype, device=dev,
-                                 real_bitmask_words=-(-cfg.vocab_size // 32))
+        self.inputs = StepInputs(max_num_reqs=n, max_num_logits_per_req=m,
+                                 vocab_shard=self.vocab_shard,
+                                 bitmask_words=bitmask_words(self.vocab),
+                                 logits_dtype=self.dtype, device=dev,
+                                 real_bitmask_words=bitmask_words(cfg.vocab_size))
         self.plan_buffers = PlanBuffers.allocate(n, m, self.tp_size, dev)
         # One workspace serves every graph: steps run one after another on one stream.
         self.workspace = SamplerWorkspace.allocate(n, m, cfg.vocab_size, dev)

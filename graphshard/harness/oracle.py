@@ -11,7 +11,7 @@ import torch
 
 from graphshard.sample.params import SlotTables
 from graphshard.sample.records import RecordLayout, SamplerOutput, unpack
-from graphshard.sample.kernels import sample
+from graphshard.sample.kernels import bitmask_words, sample
 
 
 def sample_unsharded(full_logits: torch.Tensor, *, idx_mapping: np.ndarray, cu_num_logits: np.ndarray,
@@ -37,7 +37,8 @@ def sample_unsharded(full_logits: torch.Tensor, *, idx_mapping: np.ndarray, cu_n
     # drafts of -1 accept nothing: the same as passing neither.
     bitmask_on = torch.tensor([int(grammar_bitmask is not None)], dtype=torch.int32, device=device)
     if grammar_bitmask is None:
-        grammar_bitmask = torch.zeros((1, -(-vocab_size // 32)), dtype=torch.int32, device=device)
+        grammar_bitmask = torch.zeros((1, bitmask_words(vocab_size)), dtype=torch.int32,
+                                      device=device)
     if draft_token_ids is None and layout.max_num_logits_per_req > 1:
         draft_token_ids = torch.full((rows,), -1, dtype=torch.int32, device=device)
     sample(full_logits, vocab_size=vocab_size, num_reqs=torch.tensor([n], dtype=torch.int32, device=device),

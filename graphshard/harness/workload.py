@@ -12,6 +12,7 @@ import numpy as np
 import torch
 
 from graphshard.config import Config
+from graphshard.sample.kernels import bitmask_words
 from graphshard.sample.params import SamplingParams
 
 
@@ -48,7 +49,7 @@ class _Request:
 
 def bitmask_from_allowed(allowed: np.ndarray | None, vocab_size: int) -> np.ndarray:
     """One int32 bitmask row (bit t%32 of word t//32) allowing `allowed`, or everything."""
-    words = -(-vocab_size // 32)
+    words = bitmask_words(vocab_size)
     if allowed is None:
         return np.full(words, -1, dtype=np.int32)
     bits = np.zeros(words * 32, dtype=np.uint8)

@@ -127,6 +127,11 @@ class Bitmask(NamedTuple):
     rows: torch.Tensor  # [num_rows] int32: the bitmask row of each logits row
 
 
+def bitmask_words(vocab: int) -> int:
+    """Words of a bitmask row that covers `vocab` tokens (token t is bit t % 32 of word t // 32)."""
+    return -(-vocab // 32)
+
+
 # Sizes the kernels derive from their constexprs (plain Python, run when a kernel compiles).
 @triton.constexpr_function
 def floor_lanes(block):
@@ -560,7 +565,7 @@ def _check_bitmask(bitmask, bitmask_rows, bitmask_enabled, vocab_size, num_rows,
     if (bitmask is None) != (bitmask_rows is None):
         raise ValueError("bitmask and bitmask_rows go together: pass both or neither")
     if bitmask is not None:
-        words = -(-vocab_size // 32)
+        words = bitmask_words(vocab_size)
         if not isinstance(bitmask, torch.Tensor) or bitmask.dtype != torch.int32:
             raise TypeError(f"bitmask must be an int32 tensor, got "
                             f"{getattr(bitmask, 'dtype', type(bitmask).__name__)}")

@@ -20,6 +20,7 @@ from graphshard.config import Config
 from graphshard.harness.distributed import spawn
 from graphshard.engine import Engine
 from graphshard.harness.oracle import compare, sample_unsharded
+from graphshard.sample.kernels import bitmask_words
 from graphshard.sample.params import MIN_TEMPERATURE, SamplingParams, SlotTables
 from graphshard.errors import BatchTooLargeError, InvalidParamsError, InvalidSlotError, InvalidTypeError
 from graphshard.engine.validate import BatchLimits, InvalidBatchError, validate_batch
@@ -94,7 +95,7 @@ def make_batch(r, n, padded_vocab):
         argmax = full[:, :V].argmax(1).int()
         drafts = torch.where(torch.rand(len(full), generator=g) < 0.5, argmax, guess)
     if r.choice([False, True]):
-        words = -(-padded_vocab // 32)
+        words = bitmask_words(padded_vocab)
         bits = torch.randint(0, 256, (len(full), 4 * words), generator=g, dtype=torch.uint8)
         bitmask = bits.view(torch.int32)  # any bit pattern, sign bit included
     return Batch(np.array(r.sample(ACTIVE, n), np.int32), cu, lens, full, drafts, bitmask)
@@ -222,7 +223,7 @@ def logits_wrong(b, r):
 def side_input_wrong(b, r):
     """Drafts or bitmask with the wrong dtype, shape (bitmask width included), device or type."""
     rows, name = len(b.full), r.choice(["drafts", "bitmask"])
-    words = -(-b.full.shape[1] // 32)
+    words = bitmask_words(b.full.shape[1])
     good = torch.zeros((rows,) if name == "drafts" else (rows, words), dtype=torch.int32)
     arg = "draft_token_ids" if name == "drafts" else "grammar_bitmask"
     how = r.choice(["int64", "uint32", "shape", "meta", "numpy"] + (["width"] if name == "bitmask" else []))

@@ -196,7 +196,7 @@ def drafts_accepting(samples, counts, accept, vocab=V) -> np.ndarray:
 
 
 def full_bitmask(rows: int, vocab=V) -> np.ndarray:
-    return np.full((rows, -(-vocab // 32)), -1, dtype=np.int32)
+    return np.full((rows, sampler.bitmask_words(vocab)), -1, dtype=np.int32)
 
 
 def set_allowed(mask_row: np.ndarray, tokens) -> None:
@@ -326,7 +326,7 @@ def test_bitmask_matches_reference():
              "temperature"]
     b = make_batch(rs, [random_params(rs, k) for k in kinds])
     rows = len(kinds)
-    mask = (rs.integers(0, 2**32, size=(rows + 1, -(-V // 32)), dtype=np.uint64)
+    mask = (rs.integers(0, 2**32, size=(rows + 1, sampler.bitmask_words(V)), dtype=np.uint64)
             .astype(np.uint32).view(np.int32))
     set_allowed(mask[0], [123])  # greedy, one token allowed
     set_allowed(mask[1], [3])  # random, one token allowed
@@ -349,7 +349,7 @@ def test_bitmask_matches_reference():
 def test_bitmask_switched_by_a_device_flag(enabled):
     rs = np.random.default_rng(15)
     b = make_batch(rs, [random_params(rs, k) for k in ("greedy", "temperature", "combined")])
-    mask = np.zeros((3, -(-V // 32)), dtype=np.int32)
+    mask = np.zeros((3, sampler.bitmask_words(V)), dtype=np.int32)
     for row, token in enumerate([7, 8, 9]):
         set_allowed(mask[row], [token])
     b.bitmask, b.bitmask_rows = mask, np.arange(3, dtype=np.int32)
@@ -550,7 +550,7 @@ def test_random_batches_match_reference(seed, n, K, dtype, with_mask, tiling):
     rows = sum(counts)
     b.draft_tokens = rs.integers(0, V, size=rows).astype(np.int32)
     if with_mask:
-        b.bitmask = (rs.integers(0, 2**32, size=(rows, -(-V // 32)), dtype=np.uint64)
+        b.bitmask = (rs.integers(0, 2**32, size=(rows, sampler.bitmask_words(V)), dtype=np.uint64)
                      .astype(np.uint32).view(np.int32))
         b.bitmask_rows = rs.permutation(rows).astype(np.int32)
     block, chunk = tiling
@@ -644,7 +644,7 @@ def test_split_bitmask_drafts_and_logprobs():
     b = split_batch(rs, [random_params(rs, k, num_logprobs=n) for k, n in zip(kinds, nlp)],
                     counts=counts, dtype=torch.bfloat16)
     rows = sum(counts)
-    mask = (rs.integers(0, 2**32, size=(rows, -(-SV // 32)), dtype=np.uint64)
+    mask = (rs.integers(0, 2**32, size=(rows, sampler.bitmask_words(SV)), dtype=np.uint64)
             .astype(np.uint32).view(np.int32))
     set_allowed(mask[0], [290])  # only in the last split
     set_allowed(mask[3], [290])
@@ -741,7 +741,7 @@ def test_bitmask_row_stride_does_not_specialise(monkeypatch):
 
     monkeypatch.setattr(sampler, "launch", record_launch)
     rows, layout = 4, RecordLayout(1, 0)
-    words = -(-V // 32)
+    words = sampler.bitmask_words(V)
     for width in (words, words + 5, 16 * words):
         sampler.sample(torch.zeros(rows, PV), vocab_size=V, num_reqs=i32([2], "cpu"),
                        req_slots=i32(np.zeros(rows), "cpu"),
