@@ -3,7 +3,7 @@ program `benchmarks/counters.sh` runs under Nsight Compute (which cannot share t
 profiling interface with torch.profiler).
 
 Usage: python3 -m benchmarks.call_sampler --mode top_k_top_p --batch 1024 [--vocab 152064]
-       [--dtype float32] [--k 20] [--calls 4]
+       [--dtype float32] [--k 20] [--calls 4] [--splits-per-program N]
 """
 
 from __future__ import annotations
@@ -23,10 +23,12 @@ def main(argv=None):
     parser.add_argument("--dtype", default="float32")
     parser.add_argument("--k", type=int, default=20, help="layout K")
     parser.add_argument("--calls", type=int, default=4)
+    parser.add_argument("--splits-per-program", type=int, default=None)
     args = parser.parse_args(argv)
     device = torch.device("cuda")
     logits = make_logits(args.batch, args.vocab, getattr(torch, args.dtype), device)
-    call, ws = sampler_call(logits, args.vocab, MODES[args.mode], args.k, device)
+    call, ws = sampler_call(logits, args.vocab, MODES[args.mode], args.k, device,
+                            splits_per_program=args.splits_per_program)
     for _ in range(args.calls):
         call()
     torch.cuda.synchronize()

@@ -3,7 +3,7 @@ captured tp = 1 engine step (CUPTI through torch.profiler; no hardware counters 
 
 Usage: python3 -m benchmarks.profile_kernels [--vocab 152064] [--dtype float32]
        [--modes greedy,top_k_top_p,...] [--batches 1,32,256,1024] [--k K] [--bitmask]
-       [--no-step] [--out kernels.json]
+       [--no-step] [--splits-per-program N] [--out kernels.json]
 Prints one line per (what, batch, kernel): mean µs per call over the profiled calls, and per
 (mode, batch) the rows that left the sampler's candidate path over those calls.
 """
@@ -74,6 +74,8 @@ def main(argv=None):
     parser.add_argument("--bitmask", action="store_true",
                         help="sampler calls with a grammar bitmask switched on by its device flag")
     parser.add_argument("--no-step", action="store_true", help="skip the tp = 1 engine step")
+    parser.add_argument("--splits-per-program", type=int, default=None,
+                        help="vocabulary chunks per scan program (default: the sampler's choice)")
     parser.add_argument("--out", default=None)
     args = parser.parse_args(argv)
     device = torch.device("cuda")
@@ -85,7 +87,8 @@ def main(argv=None):
         for batch in batches:
             k = args.k if args.k is not None else MAX_LOGPROBS if MODES[mode].num_logprobs else 0
             call, ws = sampler_call(logits[:batch], args.vocab, MODES[mode], k, device,
-                                    bitmask=args.bitmask)
+                                    bitmask=args.bitmask,
+                                    splits_per_program=args.splits_per_program)
             what = f"sampler_{mode}" + ("_bitmask" if args.bitmask else "")
             for name, us in kernel_us(call).items():
                 rows.append(dict(what=what, batch=batch, kernel=name, us=us))

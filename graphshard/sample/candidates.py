@@ -17,6 +17,9 @@ have published (at large batch most do: the grid runs a row's chunks one batch-w
 another) refines the published cut with one pass over its lanes (`refine_floor`) instead of a
 radix search (`chunk_floor`).
 
+A program that streams several chunks of a row (`kernels.SPLITS_PER_PROGRAM`) does all of this
+once for them, over the maxima of all their lanes, and reports its floor for each of them.
+
 A min-p-only row needs no floor: min-p keeps `s >= max s + log(min_p)`, and the largest chunk
 maximum published so far bounds the row's maximum from below, so a chunk captures every token
 above that bound (with the finish's rounding) and reports a floor of -inf: nothing a threshold

@@ -43,15 +43,17 @@ Results land in one packed int32 record per request (`graphshard.sample.records`
 
 Execution
 ---------
-The vocabulary is cut into chunks of CHUNK columns; every (row, chunk) pair is a program, so a
-single row spreads over many SMs. Two launches:
-1. `_scan_kernel`, grid `(max_num_reqs * M, SPLITS)`, launched twice when a device flag switches
-   the bitmask (with and without bitmask support; the flag picks which one works). Each program
-   reads its chunk once for the greedy argmax, the NaN flag, (unfiltered random rows) the
-   Gumbel-max winner and (top-p and logprob rows) the softmax sums, kept online
-   per lane. Rows with filters or logprobs then capture their candidates into the row's pool
-   (`graphshard.sample.candidates`): the chunk picks a cut, and only the lanes whose maximum
-   reaches it are read again (from L2). Min-p-only rows cut at the row maximum published so
+The vocabulary is cut into chunks of CHUNK columns; a program streams `group` consecutive
+chunks of a row (one at small batch, so a single row spreads over many SMs; more at large batch,
+`SPLITS_PER_PROGRAM`). Two launches:
+1. `_scan_kernel`, grid `(max_num_reqs * M, ceil(SPLITS / group))`, launched twice when a
+   device flag switches the bitmask (with and without bitmask support; the flag picks which one
+   works). Each program reads each of its chunks once for the greedy argmax, the NaN flag,
+   (unfiltered random rows) the Gumbel-max winner and (top-p and logprob rows) the softmax
+   sums, kept online per lane and stored per chunk. Rows with filters or logprobs then capture
+   their candidates into the row's pool (`graphshard.sample.candidates`): the program picks a
+   cut from its lanes' maxima, and only the lanes whose maximum reaches it are read again
+   (from L2). Min-p-only rows cut at the row maximum published so
    far plus log(min_p) and need no floor search.
 2. `_finish_kernel`, grid `(max_num_reqs * M,)`, one program per row: settles the row
    (`graphshard.sample.resolve`):
@@ -63,7 +65,8 @@ single row spreads over many SMs. Two launches:
    counts them. The last of a request's rows to settle (an arrival counter) verifies the
    drafts and writes the request's record.
 Greedy and unfiltered random rows are read once in total; CHUNK depends only on the
-vocabulary, not on the batch.
+vocabulary, and every chunk's partial results are the same whatever `group` is, so a row's
+results do not depend on the batch.
 """
 
 from __future__ import annotations
@@ -83,10 +86,10 @@ from graphshard.sample.resolve import has_nan, settle_logprobs, settle_token, st
 from graphshard.sample.rows import load_masked, scan_span, second_tile, uses_filters
 from graphshard.sample.candidates import (capture, chunk_floor, fold_lanes, published_cut,
                                           refine_floor, share_floor)
-from graphshard.sample.workspace import (CHUNK_TOP, MAX_LOGPROBS, P_ARG_X, P_ARG_Z, P_FLOOR_R,
-                                          P_FLOOR_S, P_MAX_R, P_MAX_X, P_MAX_Z, P_NAN, P_SUM_R,
-                                          P_SUM_S, SamplerWorkspace, padded, workspace_request,
-                                          workspace_row)
+from graphshard.sample.workspace import (CHUNK_TOP, HOT_LANES, MAX_LOGPROBS, P_ARG_X, P_ARG_Z,
+                                          P_FLOOR_R, P_FLOOR_S, P_MAX_R, P_MAX_X, P_MAX_Z, P_NAN,
+                                          P_SUM_R, P_SUM_S, SamplerWorkspace, padded,
+                                          workspace_request, workspace_row)
 
 __all__ = ["SamplerWorkspace", "sample"]
 
@@ -103,6 +106,13 @@ SCAN_BLOCK_SIZE = 1024
 # Registers per thread of the scan without bitmask support: 64 * 256 threads fit four programs
 # per SM (`scan_options`).
 LEAN_SCAN_REGISTERS = 64
+# Vocabulary chunks a scan program streams, by the rows of the launch's grid (its static bound,
+# so a captured graph keeps its choice): at large batch one capture step per several chunks
+# costs less than one per chunk, at small batch a row needs every program it can get. A
+# program's chunks keep their own partial results, so the choice changes no result.
+SPLITS_PER_PROGRAM = ((256, 2),)
+# The scan unrolls its chunk loop: a bound on its code size.
+MAX_SPLITS_PER_PROGRAM = 4
 # Tile of the whole-row paths: their wider per-token state would cost registers.
 SMALL_BLOCK_SIZE = 512
 POOL_TILE = 1024
@@ -160,8 +170,8 @@ def pool_tile(cap, k):
 # on being 1 or divisible by 16, a pointer on 16-byte alignment), so a tuple holds only what is
 # fixed for a caller's lifetime; a stride divisible by 16 lets the row loads vectorise. Nothing
 # that varies per step is an int argument, and ints that differ between callers stay separate
-# and unspecialised: the workspace's row count (one compiled kernel serves every workspace) and
-# the bitmask's row stride.
+# and unspecialised: the workspace's row count (one compiled kernel serves every workspace),
+# the bitmask's row stride and the scan's chunks per program (one kernel serves every batch).
 # The per-request inputs are read a word at a time, so their alignment buys nothing: they stay
 # separate pointers, not specialised on it, so that the engine (views into one staging buffer)
 # and a caller with fresh tensors (the oracle) share one compiled kernel.
@@ -181,11 +191,13 @@ def _open_row(num_reqs_ptr, req_slots_ptr, cu_num_logits_ptr, seq_lens_ptr, row_
     req = row_id // M
     r = row_id % M
     live = req < tl.load(num_reqs_ptr)
-    at = tl.where(live, req, 0)
-    first_row = tl.load(cu_num_logits_ptr + at)
-    m = tl.minimum(tl.load(cu_num_logits_ptr + at + 1) - first_row, M)
-    return (live & (r < m), req, r, first_row, m, tl.load(seq_lens_ptr + at),
-            tl.load(req_slots_ptr + at))
+    # The launcher checks that every per-request array holds max_num_reqs (+ 1) entries, and the
+    # grid has no request past that: the loads need not wait for `n` (one memory round trip
+    # less before the first logits load). A dead request's values are never used.
+    first_row = tl.load(cu_num_logits_ptr + req)
+    m = tl.minimum(tl.load(cu_num_logits_ptr + req + 1) - first_row, M)
+    return (live & (r < m), req, r, first_row, m, tl.load(seq_lens_ptr + req),
+            tl.load(req_slots_ptr + req))
 
 
 @triton.jit
@@ -239,7 +251,7 @@ def _scan_kernel(
     ws_ptr,  # SamplerWorkspace.buffer
     rows,  # rows of the workspace (max_num_reqs * M of its allocation)
     VOCAB: tl.constexpr, M: tl.constexpr, K: tl.constexpr, CHUNK: tl.constexpr,
-    SPLITS: tl.constexpr, CAP: tl.constexpr, BLOCK: tl.constexpr,
+    SPLITS: tl.constexpr, CAP: tl.constexpr, BLOCK: tl.constexpr, GROUP: tl.constexpr,
 ):
     HAS_BITMASK: tl.constexpr = mask is not None
     workspace = (ws_ptr, rows)
@@ -255,7 +267,6 @@ def _scan_kernel(
         # with the mask, fp32) fit twice the programs per SM.
         live = live & (mask_on == HAS_BITMASK)
     if live:
-        split = tl.program_id(1)
         row = first_row + r
         (row_ptr, mask_row_ptr, key, inv_temp, top_k, top_p, min_p, num_logprobs, is_random,
          filtered) = _row_inputs(logits, mask, bitmask_stride, slots_ptr, slot, row, seq_len + r,
@@ -271,13 +282,22 @@ def _scan_kernel(
         need_r = tl.where(num_logprobs > 0,
                           tl.where(small_k, tl.maximum(num_logprobs, top_k),
                                    tl.where(is_random, TOP, num_logprobs)), 0)
-        lo = split * CHUNK
-        sums = (filtered & (top_p < 1.0) & ~small_k) | (num_logprobs > 0)
-        nan, max_x, arg_x, max_z, arg_z, lane_x, lane_r, sum_s, sum_r = _stream(
-            row_ptr, mask_row_ptr, mask_on, lo, inv_temp, key, draw, sums, CHUNK, VOCAB, BLOCK,
-            HAS_BITMASK)
-        max_r = tl.max(lane_r, axis=0)
-        part, fill, pool_x, pool_id, stats, top = workspace_row(workspace, row_id, SPLITS, CAP)
+        # The softmax sums: the scores' for a top-p norm (a small top-k's top-p is normalised
+        # over its pool), the raw logits' for logprobs.
+        sum_s = filtered & (top_p < 1.0) & ~small_k
+        sum_r = num_logprobs > 0
+        part, fill, pool_x, pool_id, stats, top, hot = workspace_row(workspace, row_id, SPLITS,
+                                                                     CAP)
+        hot = hot + tl.program_id(1) * HOT_LANES  # this program's list of hot lanes
+        # The program's chunks: GROUP of them, fewer in a row's last program. Each stores its
+        # own results; the capture below runs once for all of them, over their lanes' maxima.
+        first = tl.program_id(1) * GROUP
+        count = tl.minimum(GROUP, SPLITS - first)
+        lo = first * CHUNK
+        lane_x, lane_r = _stream(row_ptr, mask_row_ptr, mask_on, lo, count, part + first, inv_temp,
+                                 key, draw, sum_s, sum_r, CHUNK, SPLITS, VOCAB, BLOCK,
+                                 HAS_BITMASK, GROUP)
+        max_x = tl.max(lane_x, axis=0)
         floor_s = tl.full((), float("inf"), tl.float32)
         floor_r = tl.full((), float("inf"), tl.float32)
         min_p_only = filtered & (top_p >= 1.0) & ((top_k <= 0) | (top_k >= VOCAB)) \
@@ -290,48 +310,96 @@ def _scan_kernel(
             # -inf, and no floor search is needed.
             row_max = share_floor(fill, max_x)
             floor_s = tl.full((), float("-inf"), tl.float32)
-            _capture_hot(row_ptr, mask_row_ptr, mask_on, lo, fill, pool_x, pool_id, lane_x,
+            _capture_hot(row_ptr, mask_row_ptr, mask_on, lo, fill, pool_x, pool_id, hot, lane_x,
                          lane_r, inv_temp, row_max * inv_temp + tl.log(min_p), float("inf"),
-                         VOCAB, CHUNK, CAP, BLOCK, HAS_BITMASK)
+                         VOCAB, CHUNK, CAP, BLOCK, HAS_BITMASK, GROUP)
         elif (SPLITS > 1) & ((need_s > 0) | (need_r > 0)):
             floor_s, floor_r = _capture_above_floors(row_ptr, mask_row_ptr, mask_on, lo, fill,
-                                                     pool_x, pool_id, lane_x, lane_r, max_x,
+                                                     pool_x, pool_id, hot, lane_x, lane_r, max_x,
                                                      need_s, need_r, VOCAB, CHUNK, CAP, BLOCK,
-                                                     HAS_BITMASK)
-        _store_partials(part + split, nan, max_x, arg_x, max_z, arg_z, floor_s, floor_r, max_r,
-                        sum_r, sum_s, SPLITS)
+                                                     HAS_BITMASK, GROUP)
+        _store_floors(part + first, floor_s, floor_r, SPLITS)
+        for c in tl.static_range(1, GROUP):
+            if c < count:
+                _store_floors(part + first + c, floor_s, floor_r, SPLITS)
 
 
 @triton.jit
-def _stream(row_ptr, mask_row_ptr, mask_on, lo, inv_temp, key, draw, sums, CHUNK: tl.constexpr,
-            VOCAB: tl.constexpr, BLOCK: tl.constexpr, HAS_BITMASK: tl.constexpr):
-    """The chunk's one streaming pass (`scan_span`), in four copies, so that greedy and
-    unfiltered rows pay for nothing they skip: the Gumbel winner only for `draw` rows, the
-    softmax sums only for `sums` rows."""
+def _stream(row_ptr, mask_row_ptr, mask_on, lo, count, part, inv_temp, key, draw, sum_s, sum_r,
+            CHUNK: tl.constexpr, SPLITS: tl.constexpr, VOCAB: tl.constexpr, BLOCK: tl.constexpr,
+            HAS_BITMASK: tl.constexpr, GROUP: tl.constexpr):
+    """The streaming pass over `count` chunks from `lo` (`_stream_chunks`), in one copy per
+    combination a row can ask for, so that greedy and unfiltered rows pay for nothing they
+    skip: the Gumbel winner only for `draw` rows, each softmax sum only for the rows that use it
+    (`sum_s`: top-p without a small top-k; `sum_r`: logprobs). A `draw` row is unfiltered: it
+    never needs `sum_s`. -> the per-lane maxima over the chunks (masked, raw) [BLOCK]."""
     if draw:
-        if sums:
-            scan = scan_span(row_ptr, mask_row_ptr, mask_on, lo, inv_temp, key, True, True, CHUNK,
-                             VOCAB, BLOCK, HAS_BITMASK)
+        if sum_r:
+            lanes = _stream_chunks(row_ptr, mask_row_ptr, mask_on, lo, count, part, inv_temp, key,
+                                   True, False, True, CHUNK, SPLITS, VOCAB, BLOCK,
+                                   HAS_BITMASK, GROUP)
         else:
-            scan = scan_span(row_ptr, mask_row_ptr, mask_on, lo, inv_temp, key, True, False,
-                             CHUNK, VOCAB, BLOCK, HAS_BITMASK)
-    elif sums:
-        scan = scan_span(row_ptr, mask_row_ptr, mask_on, lo, inv_temp, key, False, True, CHUNK,
-                         VOCAB, BLOCK, HAS_BITMASK)
+            lanes = _stream_chunks(row_ptr, mask_row_ptr, mask_on, lo, count, part, inv_temp, key,
+                                   True, False, False, CHUNK, SPLITS, VOCAB, BLOCK,
+                                   HAS_BITMASK, GROUP)
+    elif sum_s:
+        if sum_r:
+            lanes = _stream_chunks(row_ptr, mask_row_ptr, mask_on, lo, count, part, inv_temp, key,
+                                   False, True, True, CHUNK, SPLITS, VOCAB, BLOCK,
+                                   HAS_BITMASK, GROUP)
+        else:
+            lanes = _stream_chunks(row_ptr, mask_row_ptr, mask_on, lo, count, part, inv_temp, key,
+                                   False, True, False, CHUNK, SPLITS, VOCAB, BLOCK,
+                                   HAS_BITMASK, GROUP)
+    elif sum_r:
+        lanes = _stream_chunks(row_ptr, mask_row_ptr, mask_on, lo, count, part, inv_temp, key,
+                               False, False, True, CHUNK, SPLITS, VOCAB, BLOCK,
+                               HAS_BITMASK, GROUP)
     else:
-        scan = scan_span(row_ptr, mask_row_ptr, mask_on, lo, inv_temp, key, False, False, CHUNK,
-                         VOCAB, BLOCK, HAS_BITMASK)
-    return scan
+        lanes = _stream_chunks(row_ptr, mask_row_ptr, mask_on, lo, count, part, inv_temp, key,
+                               False, False, False, CHUNK, SPLITS, VOCAB, BLOCK,
+                               HAS_BITMASK, GROUP)
+    return lanes
 
 
 @triton.jit
-def _capture_above_floors(row_ptr, mask_row_ptr, mask_on, lo, fill, pool_x, pool_id, lane_x,
-                          lane_r, max_x, need_s, need_r, VOCAB: tl.constexpr,
+def _stream_chunks(row_ptr, mask_row_ptr, mask_on, lo, count, part, inv_temp, key,
+                   DRAW: tl.constexpr, SUM_S: tl.constexpr, SUM_R: tl.constexpr,
+                   CHUNK: tl.constexpr, SPLITS: tl.constexpr, VOCAB: tl.constexpr,
+                   BLOCK: tl.constexpr, HAS_BITMASK: tl.constexpr, GROUP: tl.constexpr):
+    """`scan_span` over each of `count` chunks from `lo`, each chunk's results stored into its
+    column of the row's partials `part` as a program of its own would store them (the same
+    reductions in the same order: a row's results do not depend on how many chunks a program
+    streams) -> the per-lane maxima over all of them (masked, raw) [BLOCK]. A row's last
+    program may have fewer than GROUP chunks: it skips those past `count`."""
+    nan, max_x, arg_x, max_z, arg_z, lane_x, lane_r, mass_s, mass_r = scan_span(
+        row_ptr, mask_row_ptr, mask_on, lo, inv_temp, key, DRAW, SUM_S, SUM_R, CHUNK, VOCAB,
+        BLOCK, HAS_BITMASK)
+    _store_scan(part, nan, max_x, arg_x, max_z, arg_z, tl.max(lane_r, axis=0), mass_r, mass_s,
+                SPLITS)
+    for c in tl.static_range(1, GROUP):
+        if c < count:
+            nan, max_x, arg_x, max_z, arg_z, chunk_x, chunk_r, mass_s, mass_r = scan_span(
+                row_ptr, mask_row_ptr, mask_on, lo + c * CHUNK, inv_temp, key, DRAW, SUM_S,
+                SUM_R, CHUNK, VOCAB, BLOCK, HAS_BITMASK)
+            _store_scan(part + c, nan, max_x, arg_x, max_z, arg_z, tl.max(chunk_r, axis=0),
+                        mass_r, mass_s, SPLITS)
+            lane_x = tl.maximum(lane_x, chunk_x)
+            if HAS_BITMASK:
+                lane_r = tl.maximum(lane_r, chunk_r)
+    if not HAS_BITMASK:
+        lane_r = lane_x  # every token is allowed: the raw maxima are the masked ones
+    return lane_x, lane_r
+
+
+@triton.jit
+def _capture_above_floors(row_ptr, mask_row_ptr, mask_on, lo, fill, pool_x, pool_id, hot,
+                          lane_x, lane_r, max_x, need_s, need_r, VOCAB: tl.constexpr,
                           CHUNK: tl.constexpr, CAP: tl.constexpr, BLOCK: tl.constexpr,
-                          HAS_BITMASK: tl.constexpr):
-    """Capture the chunk's candidates for top-k, top-p and logprobs rows -> (floor_s, floor_r):
-    allowed tokens with a logit below floor_s, and tokens with a raw logit below floor_r, were
-    left out."""
+                          HAS_BITMASK: tl.constexpr, GROUP: tl.constexpr):
+    """Capture the candidates of GROUP chunks from `lo` for top-k, top-p and logprobs rows ->
+    (floor_s, floor_r): allowed tokens with a logit below floor_s, and tokens with a raw logit
+    below floor_r, were left out."""
     LANES: tl.constexpr = floor_lanes(BLOCK)
     SMALL_LANES: tl.constexpr = small_floor_lanes(BLOCK)
     separate = False
@@ -355,25 +423,29 @@ def _capture_above_floors(row_ptr, mask_row_ptr, mask_on, lo, fill, pool_x, pool
             floor_s = _lane_floor(lane_x, need, BLOCK, LANES, SMALL_LANES)
         floor_s = share_floor(fill, floor_s)
         floor_r = floor_s
-    _capture_hot(row_ptr, mask_row_ptr, mask_on, lo, fill, pool_x, pool_id, lane_x, lane_r, 1.0,
-                 floor_s, floor_r, VOCAB, CHUNK, CAP, BLOCK, HAS_BITMASK)
+    _capture_hot(row_ptr, mask_row_ptr, mask_on, lo, fill, pool_x, pool_id, hot, lane_x, lane_r,
+                 1.0, floor_s, floor_r, VOCAB, CHUNK, CAP, BLOCK, HAS_BITMASK, GROUP)
     return floor_s, floor_r
 
 
 @triton.jit
-def _store_partials(out, nan, max_x, arg_x, max_z, arg_z, floor_s, floor_r, max_r, sum_r, sum_s,
-                    SPLITS: tl.constexpr):
-    """The chunk's results, one word per field, into its column of the row's partials."""
+def _store_scan(out, nan, max_x, arg_x, max_z, arg_z, max_r, sum_r, sum_s, SPLITS: tl.constexpr):
+    """A chunk's streaming results, one word per field, into its column of the row's partials."""
     tl.store(out + P_NAN * SPLITS, nan)
     tl.store(out + P_MAX_X * SPLITS, max_x.to(tl.int32, bitcast=True))
     tl.store(out + P_ARG_X * SPLITS, arg_x)
     tl.store(out + P_MAX_Z * SPLITS, max_z.to(tl.int32, bitcast=True))
     tl.store(out + P_ARG_Z * SPLITS, arg_z)
-    tl.store(out + P_FLOOR_S * SPLITS, floor_s.to(tl.int32, bitcast=True))
-    tl.store(out + P_FLOOR_R * SPLITS, floor_r.to(tl.int32, bitcast=True))
     tl.store(out + P_MAX_R * SPLITS, max_r.to(tl.int32, bitcast=True))
     tl.store(out + P_SUM_R * SPLITS, sum_r.to(tl.int32, bitcast=True))
     tl.store(out + P_SUM_S * SPLITS, sum_s.to(tl.int32, bitcast=True))
+
+
+@triton.jit
+def _store_floors(out, floor_s, floor_r, SPLITS: tl.constexpr):
+    """A chunk's capture floors into its column of the row's partials."""
+    tl.store(out + P_FLOOR_S * SPLITS, floor_s.to(tl.int32, bitcast=True))
+    tl.store(out + P_FLOOR_R * SPLITS, floor_r.to(tl.int32, bitcast=True))
 
 
 @triton.jit
@@ -391,25 +463,52 @@ def _lane_floor(lane_max, need, BLOCK: tl.constexpr, LANES: tl.constexpr,
 
 
 @triton.jit
-def _capture_hot(row_ptr, mask_row_ptr, mask_on, lo, fill, pool_x, pool_id, lane_x, lane_r,
-                 scale, cut_s, cut_r, VOCAB: tl.constexpr, CHUNK: tl.constexpr,
-                 CAP: tl.constexpr, BLOCK: tl.constexpr, HAS_BITMASK: tl.constexpr):
-    """Capture the chunk's tokens at or above the cuts (allowed ones whose `logit * scale`
-    reaches `cut_s`, any whose logit reaches `cut_r`) into the row's pool. Only lanes whose
-    maximum reaches a cut can hold such a token, and few do: the others load nothing. Two tiles
-    per step, both loaded (from L2) before either is captured."""
+def _capture_hot(row_ptr, mask_row_ptr, mask_on, lo, fill, pool_x, pool_id, hot_list, lane_x,
+                 lane_r, scale, cut_s, cut_r, VOCAB: tl.constexpr, CHUNK: tl.constexpr,
+                 CAP: tl.constexpr, BLOCK: tl.constexpr, HAS_BITMASK: tl.constexpr,
+                 GROUP: tl.constexpr):
+    """Capture the tokens of GROUP chunks from `lo` at or above the cuts (allowed ones whose
+    `logit * scale` reaches `cut_s`, any whose logit reaches `cut_r`) into the row's pool. Only
+    lanes whose maximum reaches a cut can hold such a token, and few do. Up to HOT_LANES of them
+    are listed (in `hot_list`, the program's scratch [HOT_LANES]) and read again in one load
+    per chunk; more are read tile by tile, the cold lanes loading nothing. The last program of a
+    row may have fewer than GROUP chunks: the missing ones' columns lie past the vocabulary
+    and read as padding."""
     hot = (lane_x * scale >= cut_s) | (lane_r >= cut_r)  # [BLOCK]
     lanes = tl.arange(0, BLOCK)
-    for start in range(0, CHUNK, 2 * BLOCK):
-        # A cold lane's column reads as padding: nothing loaded, nothing taken.
-        offs_a = lo + start + lanes
-        offs_b = second_tile(offs_a, CHUNK, VOCAB, BLOCK)
-        _, _, raw_a, allowed_a = load_masked(row_ptr, mask_row_ptr, mask_on,
-                                             tl.where(hot, offs_a, VOCAB), VOCAB, HAS_BITMASK)
-        _, _, raw_b, allowed_b = load_masked(row_ptr, mask_row_ptr, mask_on,
-                                             tl.where(hot, offs_b, VOCAB), VOCAB, HAS_BITMASK)
-        _capture_cut(pool_x, pool_id, fill, raw_a, allowed_a, offs_a, scale, cut_s, cut_r, CAP)
-        _capture_cut(pool_x, pool_id, fill, raw_b, allowed_b, offs_b, scale, cut_s, cut_r, CAP)
+    num_hot = tl.sum(hot.to(tl.int32), axis=0)
+    if num_hot <= HOT_LANES:
+        TILES: tl.constexpr = CHUNK // BLOCK
+        # A tile-by-tile pass costs every lane, hot or cold, its instructions; listing the hot
+        # lanes first costs one scan over the lanes.
+        tl.store(hot_list + tl.cumsum(hot.to(tl.int32), axis=0) - 1, lanes, mask=hot)
+        tl.debug_barrier()
+        slot = tl.arange(0, HOT_LANES)
+        listed = slot < num_hot
+        ids = tl.load(hot_list + slot, mask=listed, other=0, cache_modifier=".cg")  # [HOT_LANES]
+        cols = tl.arange(0, TILES)[:, None] * BLOCK + ids[None, :]  # [TILES, HOT_LANES]
+        for c in tl.static_range(GROUP):
+            offs = lo + c * CHUNK + cols
+            _, _, raw, allowed = load_masked(row_ptr, mask_row_ptr, mask_on,
+                                             tl.where(listed[None, :], offs, VOCAB), VOCAB,
+                                             HAS_BITMASK)
+            _capture_cut(pool_x, pool_id, fill, raw, allowed, offs, scale, cut_s, cut_r, CAP)
+    else:
+        for c in tl.static_range(GROUP):
+            for start in range(0, CHUNK, 2 * BLOCK):
+                # A cold lane's column reads as padding: nothing loaded, nothing taken.
+                offs_a = lo + c * CHUNK + start + lanes
+                offs_b = second_tile(offs_a, CHUNK, VOCAB, BLOCK)
+                _, _, raw_a, allowed_a = load_masked(row_ptr, mask_row_ptr, mask_on,
+                                                     tl.where(hot, offs_a, VOCAB), VOCAB,
+                                                     HAS_BITMASK)
+                _, _, raw_b, allowed_b = load_masked(row_ptr, mask_row_ptr, mask_on,
+                                                     tl.where(hot, offs_b, VOCAB), VOCAB,
+                                                     HAS_BITMASK)
+                _capture_cut(pool_x, pool_id, fill, raw_a, allowed_a, offs_a, scale, cut_s,
+                             cut_r, CAP)
+                _capture_cut(pool_x, pool_id, fill, raw_b, allowed_b, offs_b, scale, cut_s,
+                             cut_r, CAP)
 
 
 @triton.jit
@@ -444,7 +543,7 @@ def _finish_kernel(
         (row_ptr, mask_row_ptr, key, inv_temp, top_k, top_p, min_p, num_logprobs, is_random,
          filtered) = _row_inputs(logits, mask, bitmask_stride, slots_ptr, slot, first_row + r,
                                  seq_len + r, VOCAB, K)
-        part, fill, pool_x, pool_id, stats, top = workspace_row(workspace, row_id, SPLITS, CAP)
+        part, fill, pool_x, pool_id, stats, top, _ = workspace_row(workspace, row_id, SPLITS, CAP)
         n_pool = tl.load(fill, cache_modifier=".cg")
         # Every thread reads the count before any resets it (each thread loads it itself).
         tl.debug_barrier()
@@ -613,18 +712,36 @@ def scan_options(has_bitmask: bool, block: int) -> dict:
     return options
 
 
+def _splits_per_program(grid_rows: int, splits: int, override: int | None) -> int:
+    if override is not None:
+        if isinstance(override, bool) or not isinstance(override, int) \
+                or not 1 <= override <= MAX_SPLITS_PER_PROGRAM:
+            raise ValueError(f"splits_per_program must be an int in [1, "
+                             f"{MAX_SPLITS_PER_PROGRAM}], got {override!r}")
+        return min(override, max(splits, 1))
+    group = 1
+    for rows, per_program in SPLITS_PER_PROGRAM:
+        if grid_rows >= rows:
+            group = per_program
+    return min(group, max(splits, 1))
+
+
 def sample(logits: torch.Tensor, *, vocab_size: int, num_reqs: torch.Tensor,
            req_slots: torch.Tensor, cu_num_logits: torch.Tensor, seq_lens: torch.Tensor,
            tables: SlotTables, layout: RecordLayout, records: torch.Tensor, max_num_reqs: int,
            draft_tokens: torch.Tensor | None = None, bitmask: torch.Tensor | None = None,
            bitmask_rows: torch.Tensor | None = None, bitmask_enabled: torch.Tensor | None = None,
-           workspace: SamplerWorkspace | None = None, block_size: int | None = None) -> None:
+           workspace: SamplerWorkspace | None = None, block_size: int | None = None,
+           splits_per_program: int | None = None) -> None:
     """Sample every request of a sub-batch into `records` [>= max_num_reqs, layout.width].
 
     `num_reqs` [1] int32 holds n on the device; `max_num_reqs` is the static grid bound. With a
     preallocated `workspace` (`SamplerWorkspace.allocate`) it never syncs with the host and
     allocates nothing, so it can run inside a captured graph; without one it allocates a
-    workspace per call (eager use only). `block_size` (power of two) overrides the vocab tile."""
+    workspace per call (eager use only). `block_size` (power of two) overrides the vocab tile,
+    `splits_per_program` (1 to MAX_SPLITS_PER_PROGRAM) the vocabulary chunks a scan program
+    streams (by default `SPLITS_PER_PROGRAM` of the grid's rows; one compiled scan per value);
+    neither changes a result."""
     if not isinstance(logits, torch.Tensor):
         raise TypeError(f"logits must be a torch.Tensor, got {type(logits).__name__}")
     if logits.dtype not in LOGITS_DTYPES:
@@ -669,13 +786,15 @@ def sample(logits: torch.Tensor, *, vocab_size: int, num_reqs: torch.Tensor,
     logits_arg = (logits, logits.stride(0))
     workspace_arg = (workspace.buffer, workspace.max_num_reqs * m)
     sizes = dict(VOCAB=vocab_size, M=m, K=k, SPLITS=splits, CAP=cap, BLOCK=chunk_block)
-    launch(_scan_kernel, (max_num_reqs * m, splits), logits_arg, *batch, mask, bitmask_stride,
-           bitmask_enabled, tables.packed, *workspace_arg, CHUNK=chunk, **sizes,
+    group = _splits_per_program(max_num_reqs * m, splits, splits_per_program)
+    scan_grid = (max_num_reqs * m, -(-splits // group))
+    launch(_scan_kernel, scan_grid, logits_arg, *batch, mask, bitmask_stride, bitmask_enabled,
+           tables.packed, *workspace_arg, CHUNK=chunk, GROUP=group, **sizes,
            **scan_options(bitmask is not None, chunk_block))
     if bitmask_enabled is not None:
         # The variant for steps whose flag is off (see `_scan_kernel`).
-        launch(_scan_kernel, (max_num_reqs * m, splits), logits_arg, *batch, None, 0,
-               bitmask_enabled, tables.packed, *workspace_arg, CHUNK=chunk, **sizes,
+        launch(_scan_kernel, scan_grid, logits_arg, *batch, None, 0, bitmask_enabled,
+               tables.packed, *workspace_arg, CHUNK=chunk, GROUP=group, **sizes,
                **scan_options(False, chunk_block))
     launch(_finish_kernel, (max_num_reqs * m,), logits_arg, *batch, mask, bitmask_stride,
            bitmask_enabled, tables.packed, *workspace_arg, (records, records.stride(0)),

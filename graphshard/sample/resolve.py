@@ -127,7 +127,7 @@ def settle_token(pool, row_ptr, mask_row_ptr, mask_on, key, inv_temp, top_k, top
                 # must not hang on an unsettled top-k), and min-p keeps it. The chunks' streams
                 # left it out (filtered rows skip the RNG there): one pass finds it here.
                 w0 = scan_span(row_ptr, mask_row_ptr, mask_on, 0, inv_temp, key, True, False,
-                               VOCAB, VOCAB, SMALL_BLOCK, HAS_BITMASK)[4]
+                               False, VOCAB, VOCAB, SMALL_BLOCK, HAS_BITMASK)[4]
                 token = w0
                 v_s = tl.load(row_ptr + _token_index(w0, VOCAB)).to(tl.float32) * inv_temp
                 if ((min_p <= 0.0) | (v_s >= t_m)) & (k_ok | (top_p >= 1.0)):

@@ -51,16 +51,17 @@ def load_masked(row_ptr, mask_row_ptr, mask_on, offs, VOCAB: tl.constexpr, HAS_B
 
 @triton.jit
 def scan_chunk(row_ptr, mask_row_ptr, mask_on, lo, SPAN: tl.constexpr, VOCAB: tl.constexpr, inv_temp,
-               key, thr_key, min_score, DRAW: tl.constexpr, SUMS: tl.constexpr,
-               BLOCK: tl.constexpr, HAS_BITMASK: tl.constexpr):
+               key, thr_key, min_score, DRAW: tl.constexpr, SUM_S: tl.constexpr,
+               SUM_R: tl.constexpr, BLOCK: tl.constexpr, HAS_BITMASK: tl.constexpr):
     """One pass over columns [lo, lo + SPAN) of a row -> (has NaN, max masked logit, its lowest
     id, max Gumbel score, its lowest id, per-lane max masked logit [BLOCK], per-lane max raw
     logit [BLOCK], sum exp(s - max s) over the allowed scores, sum exp(raw - max raw)).
 
     With DRAW, the Gumbel scores `s + g` of the tokens kept by the thresholds (key of the score
-    >= thr_key and score >= min_score); without, the Gumbel result is (-inf, 0). With SUMS, the
-    two softmax sums, kept per lane relative to the lane's running maximum (one exp per element
-    each); without, 0. Per-lane running results keep reductions out of the loop; a lane only
+    >= thr_key and score >= min_score); without, the Gumbel result is (-inf, 0). With SUM_S and
+    SUM_R, the softmax sums of the scores and of the raw logits, kept per lane relative to the
+    lane's running maximum (one exp per element each); without, 0. Per-lane running results
+    keep reductions out of the loop; a lane only
     ever sees increasing ids, so strict `>` keeps the lowest id. A maximum of -inf reports id 0:
     a row without finite scores yields 0, and the (max, lowest id) pairs of disjoint chunks
     combine into exactly the whole-row pair."""
@@ -83,15 +84,13 @@ def scan_chunk(row_ptr, mask_row_ptr, mask_on, lo, SPAN: tl.constexpr, VOCAB: tl
         xb, nan_b, raw_b, _b = load_masked(row_ptr, mask_row_ptr, mask_on, offs_b, VOCAB,
                                            HAS_BITMASK)
         any_nan = any_nan | nan_a | nan_b
-        if SUMS:
-            sum_s, sum_r = _add_mass(xa, raw_a, best_x, best_raw, sum_s, sum_r, inv_temp,
-                                     HAS_BITMASK)
+        sum_s, sum_r = _add_mass(xa, raw_a, best_x, best_raw, sum_s, sum_r, inv_temp, SUM_S,
+                                 SUM_R, HAS_BITMASK)
         best_x, best_xi, best_z, best_zi, best_raw = _scan_tile(
             xa, raw_a, offs_a, best_x, best_xi, best_z, best_zi, best_raw, inv_temp, key,
             thr_key, min_score, DRAW, HAS_BITMASK)
-        if SUMS:
-            sum_s, sum_r = _add_mass(xb, raw_b, best_x, best_raw, sum_s, sum_r, inv_temp,
-                                     HAS_BITMASK)
+        sum_s, sum_r = _add_mass(xb, raw_b, best_x, best_raw, sum_s, sum_r, inv_temp, SUM_S,
+                                 SUM_R, HAS_BITMASK)
         best_x, best_xi, best_z, best_zi, best_raw = _scan_tile(
             xb, raw_b, offs_b, best_x, best_xi, best_z, best_zi, best_raw, inv_temp, key,
             thr_key, min_score, DRAW, HAS_BITMASK)
@@ -104,20 +103,22 @@ def scan_chunk(row_ptr, mask_row_ptr, mask_on, lo, SPAN: tl.constexpr, VOCAB: tl
     arg_z = tl.min(tl.where(best_z == max_z, best_zi, 2147483647), axis=0)
     mass_s = tl.zeros((), tl.float32)
     mass_r = tl.zeros((), tl.float32)
-    if SUMS:
+    if SUM_S:
         mass_s = _lanes_mass(best_x * inv_temp, sum_s)
+    if SUM_R:
         mass_r = _lanes_mass(best_raw, sum_r)
     return has_nan, max_x, arg_x, max_z, arg_z, best_x, best_raw, mass_s, mass_r
 
 
 @triton.jit
 def scan_span(row_ptr, mask_row_ptr, mask_on, lo, inv_temp, key, DRAW: tl.constexpr,
-              SUMS: tl.constexpr, SPAN: tl.constexpr, VOCAB: tl.constexpr, BLOCK: tl.constexpr,
-              HAS_BITMASK: tl.constexpr):
+              SUM_S: tl.constexpr, SUM_R: tl.constexpr, SPAN: tl.constexpr, VOCAB: tl.constexpr,
+              BLOCK: tl.constexpr, HAS_BITMASK: tl.constexpr):
     """`scan_chunk` over columns [lo, lo + SPAN) with no thresholds: a chunk's streaming pass,
     or with SPAN = VOCAB the whole row's."""
     return scan_chunk(row_ptr, mask_row_ptr, mask_on, lo, SPAN, VOCAB, inv_temp, key,
-                      tl.full((), 0, tl.uint32), float("-inf"), DRAW, SUMS, BLOCK, HAS_BITMASK)
+                      tl.full((), 0, tl.uint32), float("-inf"), DRAW, SUM_S, SUM_R, BLOCK,
+                      HAS_BITMASK)
 
 
 @triton.jit
@@ -138,13 +139,17 @@ def _online_mass(v, m, acc):
 
 
 @triton.jit
-def _add_mass(x, raw, best_x, best_raw, sum_s, sum_r, inv_temp, HAS_BITMASK: tl.constexpr):
-    """The per-lane softmax sums of `scan_chunk` with one more tile (before its maxima)."""
-    sum_s = _online_mass(x * inv_temp, best_x * inv_temp, sum_s)
-    if HAS_BITMASK:
-        sum_r = _online_mass(raw, best_raw, sum_r)
-    else:
-        sum_r = _online_mass(raw, best_x, sum_r)
+def _add_mass(x, raw, best_x, best_raw, sum_s, sum_r, inv_temp, SUM_S: tl.constexpr,
+              SUM_R: tl.constexpr, HAS_BITMASK: tl.constexpr):
+    """The per-lane softmax sums of `scan_chunk` that it keeps, with one more tile (before its
+    maxima)."""
+    if SUM_S:
+        sum_s = _online_mass(x * inv_temp, best_x * inv_temp, sum_s)
+    if SUM_R:
+        if HAS_BITMASK:
+            sum_r = _online_mass(raw, best_raw, sum_r)
+        else:
+            sum_r = _online_mass(raw, best_x, sum_r)
     return sum_s, sum_r
 
 
@@ -239,7 +244,7 @@ def draw_filtered(row_ptr, mask_row_ptr, mask_on, VOCAB: tl.constexpr, key, inv_
     min_score = tl.where(use_min_p, max_score + tl.log(tl.where(use_min_p, min_p, 1.0)),
                          float("-inf"))
     token = scan_chunk(row_ptr, mask_row_ptr, mask_on, 0, VOCAB, VOCAB, inv_temp, key, thr,
-                       min_score, True, False, BLOCK, HAS_BITMASK)[4]
+                       min_score, True, False, False, BLOCK, HAS_BITMASK)[4]
     return token
 
 

@@ -9,6 +9,8 @@ Sections, in order (rows = max_num_reqs * M, one per logits row a launch may sam
   max; 0 = none). The per-request kernel resets both to 0 after reading, so launches, graph
   replays included, start from 0;
 - pool [rows, 2, pool_size]: the candidates' logit bits and ids (`candidates`);
+- hot [rows, splits, HOT_LANES]: scratch where a scan program lists the lanes it reads again
+  (`kernels._capture_hot`); written before it is read;
 - stats [NUM_STATS]: cumulative counts of rows the slower whole-row paths settled;
 - tokens [rows] and arrivals [max_num_reqs]: a request's settled tokens, and how many of its
   rows have settled (reset to 0 by the last, which writes the request's record).
@@ -29,6 +31,10 @@ CHUNK_TOP = 256
 # Pool entries per row and chunk: CHUNK_TOP plus the ties of its floor, with headroom.
 POOL_PER_SPLIT = 384
 MAX_POOL = 16384
+
+# Lanes a scan program's capture lists and reads again in one load per chunk; a program with
+# more hot lanes re-reads them tile by tile.
+HOT_LANES = tl.constexpr(256)
 
 # The largest top-K a layout may ask for (Config.num_logprobs is at most 64 too).
 MAX_LOGPROBS = tl.constexpr(64)
@@ -61,7 +67,8 @@ def padded(n):
 def workspace_row(workspace, row_id, SPLITS: tl.constexpr, CAP: tl.constexpr):
     """Pointers to one row's sections of `workspace` (buffer, its row count): (partials
     [NUM_PART, SPLITS], pool fill (its shared floor key is the next word), pool logits [CAP],
-    pool ids [CAP], stats, top-K scratch [MAX_LOGPROBS] int64)."""
+    pool ids [CAP], stats, top-K scratch [MAX_LOGPROBS] int64, hot-lane scratch [SPLITS,
+    HOT_LANES])."""
     ws_ptr, rows = workspace
     row_id = row_id.to(tl.int64)
     ROWS = rows.to(tl.int64)
@@ -70,8 +77,9 @@ def workspace_row(workspace, row_id, SPLITS: tl.constexpr, CAP: tl.constexpr):
     part = base + row_id * (NUM_PART * SPLITS)
     fill = base + ROWS * NUM_PART * SPLITS + row_id * 2
     pool = base + ROWS * (NUM_PART * SPLITS + 2) + row_id * (2 * CAP)
-    stats = base + ROWS * (NUM_PART * SPLITS + 2 + 2 * CAP)
-    return part, fill, pool, pool + CAP, stats, top
+    hot = base + ROWS * (NUM_PART * SPLITS + 2 + 2 * CAP) + row_id * (SPLITS * HOT_LANES)
+    stats = base + ROWS * (NUM_PART * SPLITS + 2 + 2 * CAP + SPLITS * HOT_LANES)
+    return part, fill, pool, pool + CAP, stats, top, hot
 
 
 @triton.jit
@@ -79,7 +87,8 @@ def workspace_request(workspace, req, M: tl.constexpr, SPLITS: tl.constexpr, CAP
     """Pointers to one request's (settled tokens [M], arrival counter)."""
     ws_ptr, rows = workspace
     ROWS = rows.to(tl.int64)
-    tokens = ws_ptr + ROWS * (2 * MAX_LOGPROBS + NUM_PART * SPLITS + 2 + 2 * CAP) + NUM_STATS
+    tokens = ws_ptr + ROWS * (2 * MAX_LOGPROBS + NUM_PART * SPLITS + 2 + 2 * CAP
+                              + SPLITS * HOT_LANES) + NUM_STATS
     return tokens + req * M, tokens + ROWS + req
 
 
@@ -108,8 +117,8 @@ def section_sizes(reqs: int, m: int, splits: int, pool: int) -> dict[str, int]:
     out."""
     rows = reqs * m
     return {"top": rows * 2 * MAX_LOGPROBS.value, "partials": rows * NUM_PART.value * splits,
-            "fill": rows * 2, "pool": rows * 2 * pool, "stats": NUM_STATS.value, "tokens": rows,
-            "arrivals": reqs}
+            "fill": rows * 2, "pool": rows * 2 * pool, "hot": rows * splits * HOT_LANES.value,
+            "stats": NUM_STATS.value, "tokens": rows, "arrivals": reqs}
 
 
 class SamplerWorkspace:
@@ -135,7 +144,7 @@ class SamplerWorkspace:
             raise ValueError(f"buffer must be a contiguous [{sum(sizes.values())}] tensor, got "
                              f"shape {tuple(buffer.shape)}")
         self.buffer = buffer  # the kernels' one pointer; the views below are its sections
-        (self.top, self.partials, self.fill, self.pool, self.stats, self.tokens,
+        (self.top, self.partials, self.fill, self.pool, self.hot, self.stats, self.tokens,
          self.arrivals) = torch.split(buffer, list(sizes.values()))
 
     @classmethod

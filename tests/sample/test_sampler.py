@@ -22,7 +22,7 @@ from graphshard.runtime.launch import specialization_key
 from graphshard.sample.params import SamplingParams, SlotTables
 from graphshard.sample.records import RecordLayout, unpack
 from graphshard.sample.reference import sample_ref
-from graphshard.sample.workspace import NUM_PART
+from graphshard.sample.workspace import NUM_PART, P_FLOOR_R, P_FLOOR_S
 
 INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
 DEVICE = "cpu" if INTERPRET else "cuda"
@@ -77,7 +77,7 @@ def i32(x, device=DEVICE):
 
 def run_kernel(b: Batch, *, M=1, K=0, vocab_size=V, max_num_reqs=None, n=None, slot_params=None,
                records=None, block_size=BLOCK, chunk_size=CHUNK, bitmask_enabled=None,
-               workspace=None):
+               workspace=None, splits_per_program=None):
     """Launch the sampler on `b` with padded request arrays; returns the records (CPU).
 
     Without `workspace`, one is allocated with `chunk_size`; `chunk_size=None` leaves the
@@ -110,7 +110,7 @@ def run_kernel(b: Batch, *, M=1, K=0, vocab_size=V, max_num_reqs=None, n=None, s
         cu_num_logits=i32(np.concatenate([cu, [cu[-1]] * pad])),
         seq_lens=i32(list(b.seq_lens) + [0] * pad), tables=tables, layout=layout,
         records=records, max_num_reqs=max_num_reqs, workspace=workspace, block_size=block_size,
-        **kwargs)
+        splits_per_program=splits_per_program, **kwargs)
     return records.cpu(), layout
 
 
@@ -539,8 +539,9 @@ def test_reference_frequencies_follow_filtered_softmax():
 @settings(max_examples=30, deadline=None)
 @given(seed=st.integers(0, 2**32 - 1), n=st.integers(1, 4), K=st.sampled_from([0, 2]),
        dtype=st.sampled_from([torch.float32, torch.bfloat16]), with_mask=st.booleans(),
-       tiling=st.sampled_from([(64, 64), (64, 128), (64, 256)]))
-def test_random_batches_match_reference(seed, n, K, dtype, with_mask, tiling):
+       tiling=st.sampled_from([(64, 64), (64, 128), (64, 256)]),
+       group=st.sampled_from([None, 2, 3]))
+def test_random_batches_match_reference(seed, n, K, dtype, with_mask, tiling, group):
     rs = np.random.default_rng(seed)
     kinds = ["greedy", "temperature", "top_k", "top_p", "min_p", "combined"]
     params = [random_params(rs, str(rs.choice(kinds)), num_logprobs=int(rs.integers(0, 3)))
@@ -554,7 +555,37 @@ def test_random_batches_match_reference(seed, n, K, dtype, with_mask, tiling):
                      .astype(np.uint32).view(np.int32))
         b.bitmask_rows = rs.permutation(rows).astype(np.int32)
     block, chunk = tiling
-    check(b, M=2, K=K, max_num_reqs=n + int(rs.integers(0, 3)), block_size=block, chunk_size=chunk)
+    check(b, M=2, K=K, max_num_reqs=n + int(rs.integers(0, 3)), block_size=block, chunk_size=chunk,
+          splits_per_program=group)
+
+
+@pytest.mark.parametrize("with_mask", [False, True])
+def test_chunks_per_program_change_no_result(with_mask):
+    """A scan program that streams several chunks stores each chunk's results as a program of
+    its own would: every record word (tokens, logprob bits, ranks) and every partial result of
+    the workspace is the same for 1, 2, 3 and all 4 chunks per program."""
+    rs = np.random.default_rng(7)
+    kinds = ["greedy", "temperature", "top_k", "top_p", "min_p", "combined"]
+    params = [random_params(rs, kind, num_logprobs=3) for kind in kinds]
+    b = make_batch(rs, params, counts=[2, 1, 2, 1, 2, 1])
+    rows = sum(b.counts)
+    b.draft_tokens = rs.integers(0, V, size=rows).astype(np.int32)
+    if with_mask:
+        b.bitmask = (rs.integers(0, 2**32, size=(rows, sampler.bitmask_words(V)), dtype=np.uint64)
+                     .astype(np.uint32).view(np.int32))
+        b.bitmask_rows = np.arange(rows, dtype=np.int32)
+    results = []
+    for group in (1, 2, 3, 4):
+        ws = sampler.SamplerWorkspace.allocate(len(params), 2, V, DEVICE, chunk_size=CHUNK)
+        records, layout = run_kernel(b, M=2, K=3, workspace=ws, splits_per_program=group)
+        scan_fields = [f for f in range(NUM_PART.value) if f not in (P_FLOOR_S.value,
+                                                                     P_FLOOR_R.value)]
+        partials = ws.partials.view(-1, NUM_PART.value, ws.num_splits)[:, scan_fields].clone()
+        results.append((records, partials))
+    assert_same(results[0][0], layout, run_ref(b, M=2, K=3))
+    for records, partials in results[1:]:
+        assert torch.equal(records, results[0][0])
+        assert torch.equal(partials, results[0][1])
 
 
 def test_reference_reads_slot_tables_like_params():
@@ -703,7 +734,8 @@ def test_default_chunks_depend_on_the_vocabulary_only():
 
 
 def test_one_compiled_kernel_pair_serves_every_batch_size(monkeypatch):
-    """Specialization key of each kernel's launch is the same for every n and every grid bound."""
+    """Specialization key of each kernel's launch is the same for every n and every grid bound
+    (the scan's for every grid bound with the same number of chunks per program)."""
     keys, grids = {}, {}
 
     def record_launch(kernel, grid, *args, **kwargs):
@@ -716,19 +748,34 @@ def test_one_compiled_kernel_pair_serves_every_batch_size(monkeypatch):
     records = torch.zeros(max_reqs, RecordLayout(2, 3).width, dtype=torch.int32)
     tables = SlotTables(NUM_SLOTS, "cpu")
     ws = sampler.SamplerWorkspace.allocate(max_reqs, 2, V, "cpu", chunk_size=CHUNK)
-    bounds = [1, 4, 8, 16]
-    for n, bound in zip([1, 3, 5, 16], bounds):
+    bounds, groups = [1, 4, 8, 16, 4, 16], [None, None, None, None, 2, 2]
+    for n, bound, group in zip([1, 3, 5, 16, 2, 9], bounds, groups):
         sampler.sample(logits, vocab_size=V, num_reqs=i32([n], "cpu"),
                        req_slots=i32(np.zeros(max_reqs), "cpu"),
                        cu_num_logits=i32(np.arange(max_reqs + 1), "cpu"),
                        seq_lens=i32(np.zeros(max_reqs), "cpu"), tables=tables,
                        layout=RecordLayout(2, 3), records=records, max_num_reqs=bound,
-                       draft_tokens=i32(np.zeros(rows_max), "cpu"), workspace=ws)
+                       draft_tokens=i32(np.zeros(rows_max), "cpu"), workspace=ws,
+                       splits_per_program=group)
     assert set(keys) == {sampler._scan_kernel, sampler._finish_kernel}
-    for kernel, ks in keys.items():
-        assert len(ks) == 4 and len(set(ks)) == 1, kernel
-    assert grids[sampler._scan_kernel] == [(2 * b, 4) for b in bounds]
+    # One finish, and one scan per number of chunks a scan program streams.
+    assert len(set(keys[sampler._finish_kernel])) == 1
+    scans = keys[sampler._scan_kernel]
+    assert len(set(scans[:4])) == 1 and len(set(scans[4:])) == 1 and scans[0] != scans[4]
+    assert grids[sampler._scan_kernel] == [(2, 4), (8, 4), (16, 4), (32, 4), (8, 2), (32, 2)]
     assert grids[sampler._finish_kernel] == [(2 * b,) for b in bounds]
+
+
+def test_splits_per_program_by_grid_rows():
+    rows, group = sampler.SPLITS_PER_PROGRAM[0]
+    assert sampler._splits_per_program(rows - 1, 19, None) == 1
+    assert sampler._splits_per_program(rows, 19, None) == group
+    assert sampler._splits_per_program(rows, 1, None) == 1
+    assert sampler._splits_per_program(1, 19, 4) == 4
+    assert sampler._splits_per_program(1, 3, 4) == 3
+    for bad in (0, -1, 5, 1.5, True, "2"):
+        with pytest.raises(ValueError, match="splits_per_program"):
+            sampler._splits_per_program(1, 19, bad)
 
 
 def test_bitmask_row_stride_does_not_specialise(monkeypatch):
