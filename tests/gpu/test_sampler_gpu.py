@@ -54,6 +54,27 @@ def test_large_batches_settle_from_candidates(name):
     assert ws.paths() == {"draw_fallback": 0, "logprobs_fallback": 0, "counted": 0}
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_chunks_per_program_change_no_result_full_vocabulary(dtype):
+    """Every benchmark setting in one batch, sampled with one and with two vocabulary chunks per
+    scan program (the large-batch default): the same record words, equal to the reference, all
+    settled from candidates."""
+    rs = np.random.default_rng(13)
+    params = [p for p in SETTINGS.values() for _ in range(8)]
+    n = len(params)
+    b = make_batch(rs, params, dtype=dtype)
+    b.logits = (torch.from_numpy(rs.standard_normal((n, PV)).astype(np.float32)) * 3).to(dtype)
+    results = []
+    for group in (1, 2):
+        ws = sampler.SamplerWorkspace.allocate(n, 1, V, "cuda")
+        records, layout = run_kernel(b, K=20, vocab_size=V, block_size=None, workspace=ws,
+                                     splits_per_program=group)
+        results.append(records)
+        assert ws.paths() == {"draw_fallback": 0, "logprobs_fallback": 0, "counted": 0}, group
+    assert torch.equal(results[0], results[1])
+    assert_same(results[0], layout, run_ref(b, K=20, vocab_size=V))
+
+
 def test_temperature_logprobs_full_vocabulary():
     """Unfiltered random rows that report logprobs: the top-K list comes from a pool of ~5000
     candidates (256 a chunk, for the sampled token's rank). A token drawn below every floor has
