@@ -295,8 +295,8 @@ def _scan_kernel(
         count = tl.minimum(GROUP, SPLITS - first)
         lo = first * CHUNK
         lane_x, lane_r = _stream(row_ptr, mask_row_ptr, mask_on, lo, count, part + first, inv_temp,
-                                 key, draw, sum_s, sum_r, CHUNK, SPLITS, VOCAB, BLOCK,
-                                 HAS_BITMASK, GROUP)
+                                 key, draw, sum_s, sum_r, filtered, CHUNK, SPLITS, VOCAB,
+                                 BLOCK, HAS_BITMASK, GROUP)
         max_x = tl.max(lane_x, axis=0)
         floor_s = tl.full((), float("inf"), tl.float32)
         floor_r = tl.full((), float("inf"), tl.float32)
@@ -326,13 +326,14 @@ def _scan_kernel(
 
 @triton.jit
 def _stream(row_ptr, mask_row_ptr, mask_on, lo, count, part, inv_temp, key, draw, sum_s, sum_r,
-            CHUNK: tl.constexpr, SPLITS: tl.constexpr, VOCAB: tl.constexpr, BLOCK: tl.constexpr,
+            filtered, CHUNK: tl.constexpr, SPLITS: tl.constexpr, VOCAB: tl.constexpr, BLOCK: tl.constexpr,
             HAS_BITMASK: tl.constexpr, GROUP: tl.constexpr):
     """The streaming pass over `count` chunks from `lo` (`_stream_chunks`), in one copy per
     combination a row can ask for, so that greedy and unfiltered rows pay for nothing they
     skip: the Gumbel winner only for `draw` rows, each softmax sum only for the rows that use it
     (`sum_s`: top-p without a small top-k; `sum_r`: logprobs). A `draw` row is unfiltered: it
-    never needs `sum_s`. -> the per-lane maxima over the chunks (masked, raw) [BLOCK]."""
+    never needs `sum_s`. -> the per-lane maxima over the chunks (masked, raw) [BLOCK], which
+    only rows that capture use."""
     if draw:
         if sum_r:
             lanes = _stream_chunks(row_ptr, mask_row_ptr, mask_on, lo, count, part, inv_temp, key,
@@ -355,10 +356,16 @@ def _stream(row_ptr, mask_row_ptr, mask_on, lo, count, part, inv_temp, key, draw
         lanes = _stream_chunks(row_ptr, mask_row_ptr, mask_on, lo, count, part, inv_temp, key,
                                False, False, True, CHUNK, SPLITS, VOCAB, BLOCK,
                                HAS_BITMASK, GROUP)
-    else:
+    elif filtered:
         lanes = _stream_chunks(row_ptr, mask_row_ptr, mask_on, lo, count, part, inv_temp, key,
                                False, False, False, CHUNK, SPLITS, VOCAB, BLOCK,
                                HAS_BITMASK, GROUP)
+    else:
+        # A greedy row without logprobs captures nothing: its lanes' maxima are not kept across
+        # chunks (no registers held through the next chunk's stream).
+        lanes = _stream_chunks(row_ptr, mask_row_ptr, mask_on, lo, count, part, inv_temp, key,
+                               False, False, False, CHUNK, SPLITS, VOCAB, BLOCK,
+                               HAS_BITMASK, GROUP, False)
     return lanes
 
 
@@ -366,12 +373,14 @@ def _stream(row_ptr, mask_row_ptr, mask_on, lo, count, part, inv_temp, key, draw
 def _stream_chunks(row_ptr, mask_row_ptr, mask_on, lo, count, part, inv_temp, key,
                    DRAW: tl.constexpr, SUM_S: tl.constexpr, SUM_R: tl.constexpr,
                    CHUNK: tl.constexpr, SPLITS: tl.constexpr, VOCAB: tl.constexpr,
-                   BLOCK: tl.constexpr, HAS_BITMASK: tl.constexpr, GROUP: tl.constexpr):
+                   BLOCK: tl.constexpr, HAS_BITMASK: tl.constexpr, GROUP: tl.constexpr,
+                   KEEP_LANES: tl.constexpr = True):
     """`scan_span` over each of `count` chunks from `lo`, each chunk's results stored into its
     column of the row's partials `part` as a program of its own would store them (the same
     reductions in the same order: a row's results do not depend on how many chunks a program
-    streams) -> the per-lane maxima over all of them (masked, raw) [BLOCK]. A row's last
-    program may have fewer than GROUP chunks: it skips those past `count`."""
+    streams) -> the per-lane maxima over all of them (masked, raw) [BLOCK]; without
+    KEEP_LANES, over the last chunk only. A row's last program may have fewer than GROUP chunks:
+    it skips those past `count`."""
     nan, max_x, arg_x, max_z, arg_z, lane_x, lane_r, mass_s, mass_r = scan_span(
         row_ptr, mask_row_ptr, mask_on, lo, inv_temp, key, DRAW, SUM_S, SUM_R, CHUNK, VOCAB,
         BLOCK, HAS_BITMASK)
@@ -384,9 +393,12 @@ def _stream_chunks(row_ptr, mask_row_ptr, mask_on, lo, count, part, inv_temp, ke
                 SUM_R, CHUNK, VOCAB, BLOCK, HAS_BITMASK)
             _store_scan(part + c, nan, max_x, arg_x, max_z, arg_z, tl.max(chunk_r, axis=0),
                         mass_r, mass_s, SPLITS)
-            lane_x = tl.maximum(lane_x, chunk_x)
-            if HAS_BITMASK:
-                lane_r = tl.maximum(lane_r, chunk_r)
+            if KEEP_LANES:
+                lane_x = tl.maximum(lane_x, chunk_x)
+                if HAS_BITMASK:
+                    lane_r = tl.maximum(lane_r, chunk_r)
+            else:
+                lane_x, lane_r = chunk_x, chunk_r
     if not HAS_BITMASK:
         lane_r = lane_x  # every token is allowed: the raw maxima are the masked ones
     return lane_x, lane_r
