@@ -1,6 +1,6 @@
 """Launch the sampler a few times for one mode and batch, with nothing else in the process: the
-program `benchmarks/counters.sh` runs under Nsight Compute (which cannot share the GPU's
-profiling interface with torch.profiler).
+program `benchmarks/counters.sh` runs under Nsight Compute (no torch.profiler, which uses the same
+profiling interface of the GPU).
 
 Usage: python3 -m benchmarks.call_sampler --mode top_k_top_p --batch 1024 [--vocab 152064]
        [--dtype float32] [--k 20] [--calls 4] [--splits-per-program N]

@@ -43,10 +43,10 @@ Results land in one packed int32 record per request (`graphshard.sample.records`
 
 Execution
 ---------
-The vocabulary is cut into chunks of CHUNK columns; a program streams `group` consecutive
-chunks of a row (one at small batch, so a single row spreads over many SMs; more at large batch,
-`SPLITS_PER_PROGRAM`). Two launches:
-1. `_scan_kernel`, grid `(max_num_reqs * M, ceil(SPLITS / group))`, launched twice when a
+The vocabulary is cut into chunks of CHUNK columns; a program streams GROUP consecutive
+chunks of a row (one at small batch, so a single row spreads over many SMs; two at large batch,
+`SPLITS_PER_PROGRAM`; one compiled scan per GROUP). Two launches:
+1. `_scan_kernel`, grid `(max_num_reqs * M, ceil(SPLITS / GROUP))`, launched twice when a
    device flag switches the bitmask (with and without bitmask support; the flag picks which one
    works). Each program reads each of its chunks once for the greedy argmax, the NaN flag,
    (unfiltered random rows) the Gumbel-max winner and (top-p and logprob rows) the softmax
@@ -65,7 +65,7 @@ chunks of a row (one at small batch, so a single row spreads over many SMs; more
    counts them. The last of a request's rows to settle (an arrival counter) verifies the
    drafts and writes the request's record.
 Greedy and unfiltered random rows are read once in total; CHUNK depends only on the
-vocabulary, and every chunk's partial results are the same whatever `group` is, so a row's
+vocabulary, and every chunk's partial results are the same whatever GROUP is, so a row's
 results do not depend on the batch.
 """
 
@@ -173,8 +173,8 @@ def pool_tile(cap, k):
 # on being 1 or divisible by 16, a pointer on 16-byte alignment), so a tuple holds only what is
 # fixed for a caller's lifetime; a stride divisible by 16 lets the row loads vectorise. Nothing
 # that varies per step is an int argument, and ints that differ between callers stay separate
-# and unspecialised: the workspace's row count (one compiled kernel serves every workspace),
-# the bitmask's row stride and the scan's chunks per program (one kernel serves every batch).
+# and unspecialised: the workspace's row count (one compiled kernel serves every workspace) and
+# the bitmask's row stride.
 # The per-request inputs are read a word at a time, so their alignment buys nothing: they stay
 # separate pointers, not specialised on it, so that the engine (views into one staging buffer)
 # and a caller with fresh tensors (the oracle) share one compiled kernel.
@@ -329,8 +329,8 @@ def _scan_kernel(
 
 @triton.jit
 def _stream(row_ptr, mask_row_ptr, mask_on, lo, count, part, inv_temp, key, draw, sum_s, sum_r,
-            filtered, CHUNK: tl.constexpr, SPLITS: tl.constexpr, VOCAB: tl.constexpr, BLOCK: tl.constexpr,
-            HAS_BITMASK: tl.constexpr, GROUP: tl.constexpr):
+            filtered, CHUNK: tl.constexpr, SPLITS: tl.constexpr, VOCAB: tl.constexpr,
+            BLOCK: tl.constexpr, HAS_BITMASK: tl.constexpr, GROUP: tl.constexpr):
     """The streaming pass over `count` chunks from `lo` (`_stream_chunks`), in one copy per
     combination a row can ask for, so that greedy and unfiltered rows pay for nothing they
     skip: the Gumbel winner only for `draw` rows, each softmax sum only for the rows that use it
