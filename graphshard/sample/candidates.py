@@ -50,6 +50,11 @@ SHORT_POOL = tl.constexpr(256)
 # two pivots it sorts (it uses that much of the pool's unused tail as scratch).
 PIVOTS = tl.constexpr(16)
 SORT_LIMIT = tl.constexpr(1024)
+# Pools this short sort in a quarter of the time of a short one (the top-K logprobs, a top-k of
+# up to 64 after `select_above`).
+TINY_POOL = tl.constexpr(64)
+# Pivots of `select_above`'s counting pass.
+SELECT_PIVOTS = tl.constexpr(16)
 # Pivots of a chunk's one-pass floor refinement (`refine_floor`). On an H200 (BENCHMARKS.md,
 # V = 152064 fp32) 32 kept more top-k pools under the finish's one-tile sort but made every
 # capture scan 7-9 % slower from batch 256 up; with the draw's two-tile sort (pools of up to
@@ -71,8 +76,11 @@ def chunk_floor(lane_max, need, LANES: tl.constexpr, PASSES: tl.constexpr,
     keys = order_key(lane_max)
     digits = tl.arange(0, RADIX).to(tl.uint32)
     prefix = tl.full((), 0, tl.uint32)
-    for p in tl.static_range(PASSES):
-        shift = 32 - RADIX_BITS * (p + 1)
+    # A loop, not unrolled: a program runs this code once, and at small batch waiting for
+    # instructions to be fetched was the main stall of the scan (Nsight Compute, BENCHMARKS.md);
+    # a loop fetches one pass's code.
+    for p in range(PASSES):
+        shift = (32 - RADIX_BITS * (p + 1)).to(tl.uint32)
         cand = prefix | (digits << shift)  # [RADIX]
         counts = tl.sum((keys[None, :] >= cand[:, None]).to(tl.int32), axis=1)
         digit = tl.maximum(tl.sum((counts >= need).to(tl.int32), axis=0) - 1, 0)
@@ -290,6 +298,66 @@ def _sorted_mass_threshold(scratch_ptr, n, carry, max_score, target, N: tl.const
 
 
 @triton.jit
+def select_above(pool_x_ptr, pool_id_ptr, n_cand, inv_temp, lo, hi, num, dest_x_ptr, dest_id_ptr,
+                 BY_SCORE: tl.constexpr, CAP: tl.constexpr, TILE: tl.constexpr, N: tl.constexpr):
+    """Copy the pool's top entries to `dest` (another pool's logits and ids): those whose value
+    (BY_SCORE: the scores of allowed entries; else the raw logits of all) reaches the largest of
+    SELECT_PIVOTS values spread evenly over [lo, hi] that at least `num` values reach. Returns
+    how many entries that is; when it is 0 (fewer than `num` values reach `lo`, or [lo, hi] is
+    not a finite interval) or more than N, nothing is copied.
+
+    Every entry at or above the `num`-th largest value is copied, so a top-`num` answer
+    computed from the copy is the pool's; one counting pass and one copying pass let that answer
+    come from a sort of N entries instead of the whole pool."""
+    at = tl.arange(0, SELECT_PIVOTS)
+    spread = hi - lo
+    n_sel = tl.full((), 0, tl.int32)
+    if (lo > float("-inf")) & (spread >= 0.0) & (spread < float("inf")):
+        pivots = lo + spread * (at.to(tl.float32) / SELECT_PIVOTS)  # [SELECT_PIVOTS]
+        counts = tl.zeros([SELECT_PIVOTS], tl.int32)
+        for t in range(0, CAP, TILE):
+            if t < n_cand:
+                v = _select_values(pool_x_ptr, pool_id_ptr, t, n_cand, inv_temp, BY_SCORE,
+                                   TILE)[0]
+                counts += tl.sum((v[None, :] >= pivots[:, None]).to(tl.int32), axis=1)
+        # Counts fall as the pivots rise: the pivots `num` values reach are a prefix.
+        j = tl.sum((counts >= num).to(tl.int32), axis=0) - 1
+        cut = tl.max(tl.where(at == j, pivots, float("-inf")), axis=0)
+        n_sel = tl.sum(tl.where(at == j, counts, 0), axis=0)  # 0 when j < 0
+        if (n_sel > 0) & (n_sel <= N):
+            tl.debug_barrier()  # `dest` may be scratch another step of this program still reads
+            filled = tl.full((), 0, tl.int32)
+            for t in range(0, CAP, TILE):
+                if t < n_cand:
+                    v, x, ids = _select_values(pool_x_ptr, pool_id_ptr, t, n_cand, inv_temp,
+                                               BY_SCORE, TILE)
+                    take = v >= cut
+                    pos = filled + tl.cumsum(take.to(tl.int32), axis=0) - 1
+                    tl.store(dest_x_ptr + pos, x, mask=take)
+                    tl.store(dest_id_ptr + pos, ids, mask=take)
+                    filled += tl.sum(take.to(tl.int32), axis=0)
+            tl.debug_barrier()  # the copies came from other threads of this program
+    return n_sel
+
+
+@triton.jit
+def _select_values(pool_x_ptr, pool_id_ptr, t, n_cand, inv_temp, BY_SCORE: tl.constexpr,
+                   TILE: tl.constexpr):
+    """A pool tile's values for `select_above` (-inf where not counted), with its entries as
+    stored (logit bits, id word) [TILE]. Scores round as in `load_pool`."""
+    i = t + tl.arange(0, TILE)
+    live = i < n_cand
+    x = tl.load(pool_x_ptr + i, mask=live, other=0xFF800000, cache_modifier=".cg")
+    ids = tl.load(pool_id_ptr + i, mask=live, other=DISALLOWED, cache_modifier=".cg")
+    raw = x.to(tl.float32, bitcast=True)
+    if BY_SCORE:
+        v = tl.where(ids >= 0, raw * inv_temp, float("-inf"))
+    else:
+        v = raw
+    return v, x, ids
+
+
+@triton.jit
 def mass_above(pool_x_ptr, pool_id_ptr, n_cand, inv_temp, max_score, low_score,
                CAP: tl.constexpr, TILE: tl.constexpr):
     """Sum of exp(s - max_score) over captured allowed scores >= low_score."""
@@ -386,7 +454,11 @@ def top_raw(pool_x_ptr, pool_id_ptr, n_cand, num, scratch_ptr, CAP: tl.constexpr
     sorted whole (through `scratch_ptr`, K_P int64); a larger one keeps a running top-K_P
     over its tiles."""
     at = tl.arange(0, K_P)
-    if (SHORT_POOL < TILE) & (n_cand <= SHORT_POOL):
+    if (K_P <= TINY_POOL) & (TINY_POOL < TILE) & (n_cand <= TINY_POOL):
+        _sort_top(pool_x_ptr, pool_id_ptr, n_cand, num, scratch_ptr, K_P, TINY_POOL)
+        tl.debug_barrier()
+        best = tl.load(scratch_ptr + at).to(tl.uint64, bitcast=True)
+    elif (SHORT_POOL < TILE) & (n_cand <= SHORT_POOL):
         _sort_top(pool_x_ptr, pool_id_ptr, n_cand, num, scratch_ptr, K_P, SHORT_POOL)
         tl.debug_barrier()
         best = tl.load(scratch_ptr + at).to(tl.uint64, bitcast=True)

@@ -86,9 +86,9 @@ from graphshard.sample.resolve import has_nan, settle_logprobs, settle_token, st
 from graphshard.sample.rows import load_masked, scan_span, second_tile, uses_filters
 from graphshard.sample.candidates import (capture, chunk_floor, fold_lanes, published_cut,
                                           refine_floor, share_floor)
-from graphshard.sample.workspace import (CHUNK_TOP, HOT_LANES, MAX_LOGPROBS, P_ARG_X, P_ARG_Z,
-                                          P_FLOOR_R, P_FLOOR_S, P_MAX_R, P_MAX_X, P_MAX_Z, P_NAN,
-                                          P_SUM_R, P_SUM_S, SamplerWorkspace, padded,
+from graphshard.sample.workspace import (CHUNK_TOP, HOT_LANES, HOT_TILE, MAX_LOGPROBS, P_ARG_X,
+                                          P_ARG_Z, P_FLOOR_R, P_FLOOR_S, P_MAX_R, P_MAX_X, P_MAX_Z,
+                                          P_NAN, P_SUM_R, P_SUM_S, SamplerWorkspace, padded,
                                           workspace_request, workspace_row)
 
 __all__ = ["SamplerWorkspace", "sample"]
@@ -300,7 +300,6 @@ def _scan_kernel(
         lane_x, lane_r = _stream(row_ptr, mask_row_ptr, mask_on, lo, count, part + first, inv_temp,
                                  key, draw, sum_s, sum_r, filtered, CHUNK, SPLITS, VOCAB,
                                  BLOCK, HAS_BITMASK, GROUP)
-        max_x = tl.max(lane_x, axis=0)
         floor_s = tl.full((), float("inf"), tl.float32)
         floor_r = tl.full((), float("inf"), tl.float32)
         min_p_only = filtered & (top_p >= 1.0) & ((top_k <= 0) | (top_k >= VOCAB)) \
@@ -311,14 +310,14 @@ def _scan_kernel(
             # bounds the row's from below (the same rounding as the finish's), so the chunk
             # captures above that bound and leaves out nothing min-p can keep: its floor is
             # -inf, and no floor search is needed.
-            row_max = share_floor(fill, max_x)
+            row_max = share_floor(fill, tl.max(lane_x, axis=0))
             floor_s = tl.full((), float("-inf"), tl.float32)
             _capture_hot(row_ptr, mask_row_ptr, mask_on, lo, fill, pool_x, pool_id, hot, lane_x,
                          lane_r, inv_temp, row_max * inv_temp + tl.log(min_p), float("inf"),
                          VOCAB, CHUNK, CAP, BLOCK, HAS_BITMASK, GROUP)
         elif (SPLITS > 1) & ((need_s > 0) | (need_r > 0)):
             floor_s, floor_r = _capture_above_floors(row_ptr, mask_row_ptr, mask_on, lo, fill,
-                                                     pool_x, pool_id, hot, lane_x, lane_r, max_x,
+                                                     pool_x, pool_id, hot, lane_x, lane_r,
                                                      need_s, need_r, VOCAB, CHUNK, CAP, BLOCK,
                                                      HAS_BITMASK, GROUP)
         _store_floors(part + first, floor_s, floor_r, SPLITS)
@@ -409,7 +408,7 @@ def _stream_chunks(row_ptr, mask_row_ptr, mask_on, lo, count, part, inv_temp, ke
 
 @triton.jit
 def _capture_above_floors(row_ptr, mask_row_ptr, mask_on, lo, fill, pool_x, pool_id, hot,
-                          lane_x, lane_r, max_x, need_s, need_r, VOCAB: tl.constexpr,
+                          lane_x, lane_r, need_s, need_r, VOCAB: tl.constexpr,
                           CHUNK: tl.constexpr, CAP: tl.constexpr, BLOCK: tl.constexpr,
                           HAS_BITMASK: tl.constexpr, GROUP: tl.constexpr):
     """Capture the candidates of GROUP chunks from `lo` for top-k, top-p and logprobs rows ->
@@ -433,7 +432,7 @@ def _capture_above_floors(row_ptr, mask_row_ptr, mask_on, lo, fill, pool_x, pool
         need = tl.maximum(need_s, need_r)
         low = published_cut(fill)
         if low > float("-inf"):
-            floor_s = refine_floor(lane_x, need, low, max_x)
+            floor_s = refine_floor(lane_x, need, low, tl.max(lane_x, axis=0))
         else:
             floor_s = _lane_floor(lane_x, need, BLOCK, LANES, SMALL_LANES)
         floor_s = share_floor(fill, floor_s)
@@ -485,29 +484,25 @@ def _capture_hot(row_ptr, mask_row_ptr, mask_on, lo, fill, pool_x, pool_id, hot_
     """Capture the tokens of GROUP chunks from `lo` at or above the cuts (allowed ones whose
     `logit * scale` reaches `cut_s`, any whose logit reaches `cut_r`) into the row's pool. Only
     lanes whose maximum reaches a cut can hold such a token, and few do. Up to HOT_LANES of them
-    are listed (in `hot_list`, the program's scratch [HOT_LANES]) and read again in one load
-    per chunk; more are read tile by tile, the cold lanes loading nothing. The last program of a
-    row may have fewer than GROUP chunks: the missing ones' columns lie past the vocabulary
-    and read as padding."""
+    are listed (in `hot_list`, the program's scratch [HOT_LANES]) and read again in one or two
+    loads per chunk; more are read tile by tile, the cold lanes loading nothing. The last
+    program of a row may have fewer than GROUP chunks: the missing ones' columns lie past the
+    vocabulary and read as padding."""
     hot = (lane_x * scale >= cut_s) | (lane_r >= cut_r)  # [BLOCK]
     lanes = tl.arange(0, BLOCK)
     num_hot = tl.sum(hot.to(tl.int32), axis=0)
     if num_hot <= HOT_LANES:
-        TILES: tl.constexpr = CHUNK // BLOCK
         # A tile-by-tile pass costs every lane, hot or cold, its instructions; listing the hot
         # lanes first costs one scan over the lanes.
         tl.store(hot_list + tl.cumsum(hot.to(tl.int32), axis=0) - 1, lanes, mask=hot)
         tl.debug_barrier()
-        slot = tl.arange(0, HOT_LANES)
-        listed = slot < num_hot
-        ids = tl.load(hot_list + slot, mask=listed, other=0, cache_modifier=".cg")  # [HOT_LANES]
-        cols = tl.arange(0, TILES)[:, None] * BLOCK + ids[None, :]  # [TILES, HOT_LANES]
-        for c in tl.static_range(GROUP):
-            offs = lo + c * CHUNK + cols
-            _, _, raw, allowed = load_masked(row_ptr, mask_row_ptr, mask_on,
-                                             tl.where(listed[None, :], offs, VOCAB), VOCAB,
-                                             HAS_BITMASK)
-            _capture_cut(pool_x, pool_id, fill, raw, allowed, offs, scale, cut_s, cut_r, CAP)
+        _capture_listed(row_ptr, mask_row_ptr, mask_on, lo, fill, pool_x, pool_id, hot_list,
+                        num_hot, scale, cut_s, cut_r, VOCAB, CHUNK, CAP, BLOCK, HAS_BITMASK,
+                        GROUP, HOT_TILE)
+        if num_hot > HOT_TILE:
+            _capture_listed(row_ptr, mask_row_ptr, mask_on, lo, fill, pool_x, pool_id,
+                            hot_list + HOT_TILE, num_hot - HOT_TILE, scale, cut_s, cut_r, VOCAB,
+                            CHUNK, CAP, BLOCK, HAS_BITMASK, GROUP, HOT_LANES - HOT_TILE)
     else:
         for c in tl.static_range(GROUP):
             for start in range(0, CHUNK, 2 * BLOCK):
@@ -524,6 +519,26 @@ def _capture_hot(row_ptr, mask_row_ptr, mask_on, lo, fill, pool_x, pool_id, hot_
                              cut_r, CAP)
                 _capture_cut(pool_x, pool_id, fill, raw_b, allowed_b, offs_b, scale, cut_s,
                              cut_r, CAP)
+
+
+@triton.jit
+def _capture_listed(row_ptr, mask_row_ptr, mask_on, lo, fill, pool_x, pool_id, hot_list, num,
+                    scale, cut_s, cut_r, VOCAB: tl.constexpr, CHUNK: tl.constexpr,
+                    CAP: tl.constexpr, BLOCK: tl.constexpr, HAS_BITMASK: tl.constexpr,
+                    GROUP: tl.constexpr, SLOTS: tl.constexpr):
+    """`_capture_hot` of the first `num` (<= SLOTS, or more: the rest are left) lanes listed at
+    `hot_list`: each chunk's columns of those lanes in one load."""
+    TILES: tl.constexpr = CHUNK // BLOCK
+    slot = tl.arange(0, SLOTS)
+    listed = slot < num
+    ids = tl.load(hot_list + slot, mask=listed, other=0, cache_modifier=".cg")  # [SLOTS]
+    cols = tl.arange(0, TILES)[:, None] * BLOCK + ids[None, :]  # [TILES, SLOTS]
+    for c in tl.static_range(GROUP):
+        offs = lo + c * CHUNK + cols
+        _, _, raw, allowed = load_masked(row_ptr, mask_row_ptr, mask_on,
+                                         tl.where(listed[None, :], offs, VOCAB), VOCAB,
+                                         HAS_BITMASK)
+        _capture_cut(pool_x, pool_id, fill, raw, allowed, offs, scale, cut_s, cut_r, CAP)
 
 
 @triton.jit

@@ -32,9 +32,12 @@ CHUNK_TOP = 256
 POOL_PER_SPLIT = 384
 MAX_POOL = 16384
 
-# Lanes a scan program's capture lists and reads again in one load per chunk; a program with
-# more hot lanes re-reads them tile by tile.
-HOT_LANES = tl.constexpr(256)
+# Lanes a scan program's capture lists and reads again: HOT_TILE of them in one load per chunk,
+# up to HOT_LANES - HOT_TILE more in a second, narrower one (a floor for CHUNK_TOP candidates
+# leaves a few more than CHUNK_TOP lanes hot: its rounding and ties). A program with more hot
+# lanes re-reads them tile by tile.
+HOT_TILE = tl.constexpr(256)
+HOT_LANES = tl.constexpr(320)
 
 # The largest top-K a layout may ask for (Config.num_logprobs is at most 64 too).
 MAX_LOGPROBS = tl.constexpr(64)

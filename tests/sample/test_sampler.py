@@ -993,3 +993,24 @@ def test_pools_past_one_sort_tile_settle_from_candidates(chunk):
                 SamplingParams(temperature=0.5, top_p=0.95, seed=4)]
     paths = run_adversarial(b, vocab=vocab, chunk=chunk, block=1024)
     assert paths == {"draw_fallback": 0, "logprobs_fallback": 0, "counted": 0}
+
+
+def test_hot_lanes_past_the_first_listing_tile_are_captured():
+    """A floor for 256 candidates leaves a few more than 256 lanes hot (its rounding): the
+    capture lists them in a second, narrower tile. Here a lane's values rise with its index, so
+    the lanes listed last hold the row's largest logits, which every answer below needs: top-k
+    256, top-p and the top-K logprobs, all from the pool. (A lane's second column lies far
+    below its first, so a chunk captures one token per hot lane and the pool holds them all.)"""
+    rs = np.random.default_rng(32)
+    vocab, chunk, block = 4096, 2048, 1024
+    col = np.arange(vocab)
+    base = (col % block) * 0.01 - (col % chunk >= block) * 20.0
+    rows = [base + rs.standard_normal(vocab) * 1e-3 for _ in range(4)]
+    b = make_batch(rs, [SamplingParams(temperature=1.0, top_k=256, seed=1, num_logprobs=3),
+                        SamplingParams(temperature=0.05, top_p=0.9, seed=2),
+                        SamplingParams(temperature=0.7, top_k=200, top_p=0.5, seed=3,
+                                       num_logprobs=2),
+                        SamplingParams(temperature=0.0, num_logprobs=3)])
+    b.logits = torch.from_numpy(np.stack(rows).astype(np.float32))
+    paths = run_adversarial(b, vocab=vocab, chunk=chunk, block=block)
+    assert paths == {"draw_fallback": 0, "logprobs_fallback": 0, "counted": 0}
