@@ -25,10 +25,15 @@ maximum published so far bounds the row's maximum from below, so a chunk capture
 above that bound (with the finish's rounding) and reports a floor of -inf: nothing a threshold
 can keep was left out.
 
-A pool that fits one tile is sorted once (`sorted_thresholds`, `top_raw`); so are the draw's
-thresholds of a pool that fits two (`resolve.draw_from_pool`). In a larger one the top-p
-threshold is found by pivots (`search_mass`), a top-k threshold a radix digit per pass
-(`search_pool`), and the top-K logprobs by a running top-K over its tiles (`top_raw`).
+Answers that need only the pool's top `num` entries (a top-k of up to SHORT_POOL with whatever
+follows it, the top-K logprobs) first copy those behind the pool (`select_above`: one pass counts
+the entries above 16 pivots, one copies the entries above the highest pivot `num` of them reach)
+and work on the copy, which sorts in a fraction of the time of the whole pool; the sorts'
+instruction count is what a small batch waits on. A pool, or copy, that fits one tile is sorted
+once (`sorted_thresholds`, `top_raw`); so are the draw's thresholds of a pool that fits two
+(`resolve.draw_from_pool`). In a larger one the top-p threshold is found by pivots
+(`search_mass`), a top-k threshold a radix digit per pass (`search_pool`), and the top-K
+logprobs by a running top-K over its tiles (`top_raw`).
 
 Pool entries are (logit bits, id with bit 31 set when the bitmask disallows the token).
 """
@@ -80,7 +85,7 @@ def chunk_floor(lane_max, need, LANES: tl.constexpr, PASSES: tl.constexpr,
     # instructions to be fetched was the main stall of the scan (Nsight Compute, BENCHMARKS.md);
     # a loop fetches one pass's code.
     for p in range(PASSES):
-        shift = (32 - RADIX_BITS * (p + 1)).to(tl.uint32)
+        shift = 32 - RADIX_BITS * (p + 1)
         cand = prefix | (digits << shift)  # [RADIX]
         counts = tl.sum((keys[None, :] >= cand[:, None]).to(tl.int32), axis=1)
         digit = tl.maximum(tl.sum((counts >= need).to(tl.int32), axis=0) - 1, 0)

@@ -88,8 +88,8 @@ from graphshard.sample.candidates import (capture, chunk_floor, fold_lanes, publ
                                           refine_floor, share_floor)
 from graphshard.sample.workspace import (CHUNK_TOP, HOT_LANES, HOT_TILE, MAX_LOGPROBS, P_ARG_X,
                                           P_ARG_Z, P_FLOOR_R, P_FLOOR_S, P_MAX_R, P_MAX_X, P_MAX_Z,
-                                          P_NAN, P_SUM_R, P_SUM_S, SamplerWorkspace, padded,
-                                          workspace_request, workspace_row)
+                                          P_NAN, P_SUM_R, P_SUM_S, SMALL_TOP_K, SamplerWorkspace,
+                                          padded, workspace_request, workspace_row)
 
 __all__ = ["SamplerWorkspace", "sample"]
 
@@ -154,6 +154,12 @@ def floor_lanes(block):
 @triton.constexpr_function
 def small_floor_lanes(block):
     return min(SMALL_FLOOR_LANES, floor_lanes(block))
+
+
+@triton.constexpr_function
+def small_top_k(block):
+    """The largest top-k whose rows capture k candidates per scan program."""
+    return min(SMALL_TOP_K, floor_lanes(block))
 
 
 @triton.constexpr_function
@@ -258,7 +264,8 @@ def _scan_kernel(
 ):
     HAS_BITMASK: tl.constexpr = mask is not None
     workspace = (ws_ptr, rows)
-    TOP: tl.constexpr = chunk_top(BLOCK)
+    SMALL_K: tl.constexpr = small_top_k(BLOCK)
+    WIDE: tl.constexpr = chunk_top(BLOCK)
     row_id = tl.program_id(0)
     live, _, r, first_row, m, seq_len, slot = _open_row(num_reqs_ptr, req_slots_ptr,
                                                         cu_num_logits_ptr, seq_lens_ptr, row_id, M)
@@ -274,17 +281,22 @@ def _scan_kernel(
         (row_ptr, mask_row_ptr, key, inv_temp, top_k, top_p, min_p, num_logprobs, is_random,
          filtered) = _row_inputs(logits, mask, bitmask_stride, slots_ptr, slot, row, seq_len + r,
                                  VOCAB, K)
-        small_k = filtered & (top_k > 0) & (top_k <= TOP)
+        small_k = filtered & (top_k > 0) & (top_k <= SMALL_K)
         # The unfiltered winner is the draw of an unfiltered row. A filtered row draws from its
         # pool, and its stream skips the per-token RNG (the finish computes the unfiltered
         # winner itself on the rare rows the pool cannot settle).
         draw = is_random & ~filtered
-        # Capture targets per chunk: k for a small top-k, TOP for other filters and for the
-        # rank of a random token; the top-K logprobs otherwise.
-        need_s = tl.where(filtered, tl.where(small_k, top_k, TOP), 0)
+        # The program's chunks: GROUP of them, fewer in a row's last program. Each stores its
+        # own results; the capture below runs once for all of them, over their lanes' maxima.
+        first = tl.program_id(1) * GROUP
+        count = tl.minimum(GROUP, SPLITS - first)
+        # Capture targets per program: k for a small top-k, CHUNK_TOP per chunk for other
+        # filters and for the rank of a random token; the top-K logprobs otherwise.
+        wide = tl.minimum(WIDE * count, floor_lanes(BLOCK))
+        need_s = tl.where(filtered, tl.where(small_k, top_k, wide), 0)
         need_r = tl.where(num_logprobs > 0,
                           tl.where(small_k, tl.maximum(num_logprobs, top_k),
-                                   tl.where(is_random, TOP, num_logprobs)), 0)
+                                   tl.where(is_random, wide, num_logprobs)), 0)
         # The softmax sums: the scores' for a top-p norm (a small top-k's top-p is normalised
         # over its pool), the raw logits' for logprobs.
         sum_s = filtered & (top_p < 1.0) & ~small_k
@@ -292,10 +304,6 @@ def _scan_kernel(
         part, fill, pool_x, pool_id, stats, top, hot = workspace_row(workspace, row_id, SPLITS,
                                                                      CAP)
         hot = hot + tl.program_id(1) * HOT_LANES  # this program's list of hot lanes
-        # The program's chunks: GROUP of them, fewer in a row's last program. Each stores its
-        # own results; the capture below runs once for all of them, over their lanes' maxima.
-        first = tl.program_id(1) * GROUP
-        count = tl.minimum(GROUP, SPLITS - first)
         lo = first * CHUNK
         lane_x, lane_r = _stream(row_ptr, mask_row_ptr, mask_on, lo, count, part + first, inv_temp,
                                  key, draw, sum_s, sum_r, filtered, CHUNK, SPLITS, VOCAB,
@@ -563,7 +571,7 @@ def _finish_kernel(
     HAS_BITMASK: tl.constexpr = mask is not None
     workspace = (ws_ptr, rows)
     TILE: tl.constexpr = pool_tile(CAP, K)
-    TOP: tl.constexpr = chunk_top(BLOCK)
+    SMALL_K: tl.constexpr = small_top_k(BLOCK)
     row_id = tl.program_id(0)
     live, req, r, first_row, m, seq_len, slot = _open_row(num_reqs_ptr, req_slots_ptr,
                                                           cu_num_logits_ptr, seq_lens_ptr, row_id,
@@ -580,10 +588,10 @@ def _finish_kernel(
         tl.store(fill, 0)  # the next launch captures into an empty pool, with no shared floor
         tl.store(fill + 1, 0)
         pool = (part, n_pool, pool_x, pool_id, stats)
+        small_k = filtered & (top_k > 0) & (top_k <= SMALL_K)
         token = settle_token(pool, row_ptr, mask_row_ptr, mask_on, key, inv_temp, top_k, top_p,
-                             min_p, is_random, filtered, filtered & (top_k > 0) & (top_k <= TOP),
-                             VOCAB, SPLITS, CAP, TILE, BLOCK, SMALL_BLOCK, HAS_BITMASK,
-                             RADIX_BITS)
+                             min_p, is_random, filtered, small_k, VOCAB, SPLITS, CAP, TILE,
+                             BLOCK, SMALL_BLOCK, HAS_BITMASK, RADIX_BITS)
         records_ptr, records_stride = records
         rec_ptr = records_ptr + req.to(tl.int64) * records_stride
         if K > 0:

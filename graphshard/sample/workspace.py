@@ -24,17 +24,21 @@ import triton.language as tl
 
 # Vocabulary columns per program: a 152K vocabulary spreads over 19 SMs.
 CHUNK_SIZE = 8192
+# The largest top-k the scan treats as small: its rows capture k candidates per scan program.
+SMALL_TOP_K = 256
 # Candidates a chunk captures for rows whose kept set has no small bound (top-p, min-p, the
-# draws whose logprob rank is reported): the nucleus of top-p 0.9 over 152K flat logits holds up
-# to ~100 tokens of a chunk.
-CHUNK_TOP = 256
-# Pool entries per row and chunk: CHUNK_TOP plus the ties of its floor, with headroom.
+# draws whose logprob rank is reported), per chunk a scan program streams: the nucleus of top-p
+# 0.9 over 152K logits `randn * 3` at temperature 0.8 holds ~60 tokens of a chunk. On an H200
+# (BENCHMARKS.md) 128 against 256 made top-p 0.9 at batch 1 33 % faster (53.7 -> 36.1 µs).
+CHUNK_TOP = 128
+# Pool entries per row and chunk: twice CHUNK_TOP plus the ties of its floor, with headroom.
 POOL_PER_SPLIT = 384
 MAX_POOL = 16384
 
 # Lanes a scan program's capture lists and reads again: HOT_TILE of them in one load per chunk,
-# up to HOT_LANES - HOT_TILE more in a second, narrower one (a floor for CHUNK_TOP candidates
-# leaves a few more than CHUNK_TOP lanes hot: its rounding and ties). A program with more hot
+# up to HOT_LANES - HOT_TILE more in a second, narrower one (a floor for 256 candidates, a
+# program's CHUNK_TOP for two chunks or a top-k of 256, leaves a few more than 256 lanes hot:
+# its rounding and ties). A program with more hot
 # lanes re-reads them tile by tile.
 HOT_TILE = tl.constexpr(256)
 HOT_LANES = tl.constexpr(320)
