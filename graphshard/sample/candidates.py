@@ -55,8 +55,8 @@ SHORT_POOL = tl.constexpr(256)
 # two pivots it sorts (it uses that much of the pool's unused tail as scratch).
 PIVOTS = tl.constexpr(16)
 SORT_LIMIT = tl.constexpr(1024)
-# Pools this short sort in a quarter of the time of a short one (the top-K logprobs, a top-k of
-# up to 64 after `select_above`).
+# Pools this short take a sort of 64 entries. (Cutting larger pools down to it with
+# `select_above` was timed on an H200 and did not pay: BENCHMARKS.md.)
 TINY_POOL = tl.constexpr(64)
 # Pivots of `select_above`'s counting pass.
 SELECT_PIVOTS = tl.constexpr(16)

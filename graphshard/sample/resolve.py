@@ -160,7 +160,7 @@ def draw_from_pool(pool_x, pool_id, n_pool, floor_x, norm, key, inv_temp, max_s,
     below = floor_score(floor_x, inv_temp)  # the best score an uncaptured token can have
     all_in = whole & (floor_x == float("-inf"))  # every finite allowed token was captured
     if whole & (top_k > 0) & (top_k <= SHORT_POOL) & (top_k < VOCAB) \
-            & (_past_sort(n_cand, top_k) & (n_cand <= CAP - SHORT_POOL)):
+            & (n_cand > SHORT_POOL) & (n_cand <= CAP - SHORT_POOL):
         # Top-p and min-p keep a subset of top-k's set, and the draw picks from it.
         n_top = select_above(pool_x, pool_id, n_cand, inv_temp, below, max_s, top_k,
                              pool_x + n_cand, pool_id + n_cand, True, CAP, TILE, SHORT_POOL)
@@ -195,13 +195,6 @@ def draw_from_pool(pool_x, pool_id, n_pool, floor_x, norm, key, inv_temp, max_s,
         else:
             token = draw_pool(pool_x, pool_id, n_cand, inv_temp, thr, key, CAP, TILE)[1]
     return ok, token, t_m, k_ok
-
-
-@triton.jit
-def _past_sort(n_cand, num):
-    """Whether a pool of `n_cand` entries is worth cutting to its top `num` (`select_above`)
-    before a sort: it is larger than the shortest sort that the top `num` could fit."""
-    return (n_cand > SHORT_POOL) | ((num <= TINY_POOL) & (n_cand > TINY_POOL))
 
 
 @triton.jit
@@ -264,7 +257,7 @@ def _settle_logprobs_from_pool(pool, top, rec_ptr, row_ptr, r, token, num, VOCAB
     # The list comes from the pool's top entries alone when they fit a short sort, copied
     # behind the pool (`candidates.select_above`); the list is checked against floor_r as is.
     top_x, top_id, n_top = pool_x, pool_id, n_cand
-    if whole & _past_sort(n_cand, num) & (n_cand <= CAP - SHORT_POOL):
+    if whole & (n_cand > SHORT_POOL) & (n_cand <= CAP - SHORT_POOL):
         n_sel = select_above(pool_x, pool_id, n_cand, 1.0, floor_r, max_r, num, pool_x + n_cand,
                              pool_id + n_cand, False, CAP, TILE, SHORT_POOL)
         if (n_sel > 0) & (n_sel <= SHORT_POOL):
