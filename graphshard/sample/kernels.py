@@ -51,7 +51,7 @@ chunks of a row (one at small batch, so a single row spreads over many SMs; two 
    works). Each program reads each of its chunks once for the greedy argmax, the NaN flag,
    (unfiltered random rows) the Gumbel-max winner and (top-p and logprob rows) the softmax
    sums, kept online per lane and stored per chunk. Rows with filters or logprobs then capture
-   their candidates into the row's pool (`graphshard.sample.candidates`): the program picks a
+   their candidates into the row's pool (`graphshard.sample.floors`): the program picks a
    cut from its lanes' maxima, and only the lanes whose maximum reaches it are read again
    (from L2). Min-p-only rows cut at the row maximum published so
    far plus log(min_p) and need no floor search.
@@ -84,8 +84,8 @@ from graphshard.sample.params import SLOT_WIDTH, SlotTables
 from graphshard.sample.records import RecordLayout
 from graphshard.sample.resolve import has_nan, settle_logprobs, settle_token, store_logprobs
 from graphshard.sample.rows import load_masked, scan_span, second_tile, uses_filters
-from graphshard.sample.candidates import (capture, chunk_floor, fold_lanes, published_cut,
-                                          refine_floor, share_floor)
+from graphshard.sample.floors import (capture, chunk_floor, fold_lanes, published_cut,
+                                      refine_floor, share_floor)
 from graphshard.sample.workspace import (CHUNK_TOP, HOT_LANES, HOT_TILE, MAX_LOGPROBS, P_ARG_X,
                                           P_ARG_Z, P_FLOOR_R, P_FLOOR_S, P_MAX_R, P_MAX_X, P_MAX_Z,
                                           P_NAN, P_SUM_R, P_SUM_S, SMALL_TOP_K, SamplerWorkspace,
@@ -344,44 +344,37 @@ def _stream(row_ptr, mask_row_ptr, mask_on, lo, count, part, inv_temp, key, draw
     (`sum_s`: top-p without a small top-k; `sum_r`: logprobs). A `draw` row is unfiltered: it
     never needs `sum_s`. -> the per-lane maxima over the chunks (masked, raw) [BLOCK], which
     only rows that capture use."""
+    span = (row_ptr, mask_row_ptr, mask_on, lo, count, part, inv_temp, key)
     if draw:
         if sum_r:
-            lanes = _stream_chunks(row_ptr, mask_row_ptr, mask_on, lo, count, part, inv_temp, key,
-                                   True, False, True, CHUNK, SPLITS, VOCAB, BLOCK,
+            lanes = _stream_chunks(span, True, False, True, CHUNK, SPLITS, VOCAB, BLOCK,
                                    HAS_BITMASK, GROUP)
         else:
-            lanes = _stream_chunks(row_ptr, mask_row_ptr, mask_on, lo, count, part, inv_temp, key,
-                                   True, False, False, CHUNK, SPLITS, VOCAB, BLOCK,
+            lanes = _stream_chunks(span, True, False, False, CHUNK, SPLITS, VOCAB, BLOCK,
                                    HAS_BITMASK, GROUP)
     elif sum_s:
         if sum_r:
-            lanes = _stream_chunks(row_ptr, mask_row_ptr, mask_on, lo, count, part, inv_temp, key,
-                                   False, True, True, CHUNK, SPLITS, VOCAB, BLOCK,
+            lanes = _stream_chunks(span, False, True, True, CHUNK, SPLITS, VOCAB, BLOCK,
                                    HAS_BITMASK, GROUP)
         else:
-            lanes = _stream_chunks(row_ptr, mask_row_ptr, mask_on, lo, count, part, inv_temp, key,
-                                   False, True, False, CHUNK, SPLITS, VOCAB, BLOCK,
+            lanes = _stream_chunks(span, False, True, False, CHUNK, SPLITS, VOCAB, BLOCK,
                                    HAS_BITMASK, GROUP)
     elif sum_r:
-        lanes = _stream_chunks(row_ptr, mask_row_ptr, mask_on, lo, count, part, inv_temp, key,
-                               False, False, True, CHUNK, SPLITS, VOCAB, BLOCK,
+        lanes = _stream_chunks(span, False, False, True, CHUNK, SPLITS, VOCAB, BLOCK,
                                HAS_BITMASK, GROUP)
     elif filtered:
-        lanes = _stream_chunks(row_ptr, mask_row_ptr, mask_on, lo, count, part, inv_temp, key,
-                               False, False, False, CHUNK, SPLITS, VOCAB, BLOCK,
+        lanes = _stream_chunks(span, False, False, False, CHUNK, SPLITS, VOCAB, BLOCK,
                                HAS_BITMASK, GROUP)
     else:
         # A greedy row without logprobs captures nothing: its lanes' maxima are not kept across
         # chunks (no registers held through the next chunk's stream).
-        lanes = _stream_chunks(row_ptr, mask_row_ptr, mask_on, lo, count, part, inv_temp, key,
-                               False, False, False, CHUNK, SPLITS, VOCAB, BLOCK,
+        lanes = _stream_chunks(span, False, False, False, CHUNK, SPLITS, VOCAB, BLOCK,
                                HAS_BITMASK, GROUP, False)
     return lanes
 
 
 @triton.jit
-def _stream_chunks(row_ptr, mask_row_ptr, mask_on, lo, count, part, inv_temp, key,
-                   DRAW: tl.constexpr, SUM_S: tl.constexpr, SUM_R: tl.constexpr,
+def _stream_chunks(span, DRAW: tl.constexpr, SUM_S: tl.constexpr, SUM_R: tl.constexpr,
                    CHUNK: tl.constexpr, SPLITS: tl.constexpr, VOCAB: tl.constexpr,
                    BLOCK: tl.constexpr, HAS_BITMASK: tl.constexpr, GROUP: tl.constexpr,
                    KEEP_LANES: tl.constexpr = True):
@@ -390,7 +383,9 @@ def _stream_chunks(row_ptr, mask_row_ptr, mask_on, lo, count, part, inv_temp, ke
     reductions in the same order: a row's results do not depend on how many chunks a program
     streams) -> the per-lane maxima over all of them (masked, raw) [BLOCK]; without
     KEEP_LANES, over the last chunk only. A row's last program may have fewer than GROUP chunks:
-    it skips those past `count`."""
+    it skips those past `count`. `span`: (row_ptr, mask_row_ptr, mask_on, lo, count, part,
+    inv_temp, key)."""
+    row_ptr, mask_row_ptr, mask_on, lo, count, part, inv_temp, key = span
     nan, max_x, arg_x, max_z, arg_z, lane_x, lane_r, mass_s, mass_r = scan_span(
         row_ptr, mask_row_ptr, mask_on, lo, inv_temp, key, DRAW, SUM_S, SUM_R, CHUNK, VOCAB,
         BLOCK, HAS_BITMASK)

@@ -1,6 +1,6 @@
 """A chunk's capture floor on adversarial lane maxima: the radix search of a chunk that starts
-first (`candidates.chunk_floor`), and the one-pass refinement of a cut the row's earlier chunks
-published (`candidates.refine_floor`), chosen as the scan chooses them. Whatever the lanes (ties, -inf, +inf, a single finite value) and wherever the
+first (`floors.chunk_floor`), and the one-pass refinement of a cut the row's earlier chunks
+published (`floors.refine_floor`), chosen as the scan chooses them. Whatever the lanes (ties, -inf, +inf, a single finite value) and wherever the
 published cut lies, the floor is a valid one: `need` lanes reach it, or it is the published cut.
 And the sharing itself: a chunk that publishes its floor (`share_floor`) gets back the largest
 value published so far, and one that reads the row's cut (`published_cut`) sees the largest
@@ -20,8 +20,8 @@ import triton
 import triton.language as tl
 from hypothesis import given, settings, strategies as st
 
-from graphshard.sample.candidates import (FLOOR_PIVOTS, chunk_floor, published_cut, refine_floor,
-                                          share_floor)
+from graphshard.sample.floors import (FLOOR_PIVOTS, chunk_floor, published_cut, refine_floor,
+                                      share_floor)
 
 INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
 DEVICE = "cpu" if INTERPRET else "cuda"

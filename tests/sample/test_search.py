@@ -19,7 +19,8 @@ import triton
 import triton.language as tl
 from hypothesis import given, settings, strategies as st
 
-from graphshard.sample.candidates import DISALLOWED, search_mass, search_pool, sorted_thresholds
+from graphshard.sample.candidates import search_mass, search_pool, sorted_thresholds
+from graphshard.sample.floors import DISALLOWED
 
 INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
 DEVICE = "cpu" if INTERPRET else "cuda"
