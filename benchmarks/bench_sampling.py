@@ -68,7 +68,11 @@ def run_shape(vocab: int, dtype: torch.dtype, modes, batches, iters: int, device
     engine = Engine(cfg, device=device)
     for slot in range(max_batch):
         engine.add_request(slot, MODES["greedy"])
+    # On a fresh machine the capture compiles every sampler variant first: minutes, not seconds.
+    start = time.perf_counter()
+    print(f"{vocab} {cfg.logits_dtype}: capturing buckets {cfg.buckets}", flush=True)
     engine.capture()
+    print(f"{vocab} {cfg.logits_dtype}: captured in {time.perf_counter() - start:.0f} s", flush=True)
     logits = make_logits(max_batch, engine.vocab, dtype, device)
     engine.inputs.logits[:max_batch].copy_(logits)
     rows = []
