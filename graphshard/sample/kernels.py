@@ -346,19 +346,11 @@ def _stream(row_ptr, mask_row_ptr, mask_on, lo, count, part, inv_temp, key, draw
     only rows that capture use."""
     span = (row_ptr, mask_row_ptr, mask_on, lo, count, part, inv_temp, key)
     if draw:
-        if sum_r:
-            lanes = _stream_chunks(span, True, False, True, CHUNK, SPLITS, VOCAB, BLOCK,
-                                   HAS_BITMASK, GROUP)
-        else:
-            lanes = _stream_chunks(span, True, False, False, CHUNK, SPLITS, VOCAB, BLOCK,
-                                   HAS_BITMASK, GROUP)
+        lanes = _stream_sum_r(span, sum_r, True, False, CHUNK, SPLITS, VOCAB, BLOCK, HAS_BITMASK,
+                              GROUP)
     elif sum_s:
-        if sum_r:
-            lanes = _stream_chunks(span, False, True, True, CHUNK, SPLITS, VOCAB, BLOCK,
-                                   HAS_BITMASK, GROUP)
-        else:
-            lanes = _stream_chunks(span, False, True, False, CHUNK, SPLITS, VOCAB, BLOCK,
-                                   HAS_BITMASK, GROUP)
+        lanes = _stream_sum_r(span, sum_r, False, True, CHUNK, SPLITS, VOCAB, BLOCK, HAS_BITMASK,
+                              GROUP)
     elif sum_r:
         lanes = _stream_chunks(span, False, False, True, CHUNK, SPLITS, VOCAB, BLOCK,
                                HAS_BITMASK, GROUP)
@@ -370,6 +362,20 @@ def _stream(row_ptr, mask_row_ptr, mask_on, lo, count, part, inv_temp, key, draw
         # chunks (no registers held through the next chunk's stream).
         lanes = _stream_chunks(span, False, False, False, CHUNK, SPLITS, VOCAB, BLOCK,
                                HAS_BITMASK, GROUP, False)
+    return lanes
+
+
+@triton.jit
+def _stream_sum_r(span, sum_r, DRAW: tl.constexpr, SUM_S: tl.constexpr, CHUNK: tl.constexpr,
+                  SPLITS: tl.constexpr, VOCAB: tl.constexpr, BLOCK: tl.constexpr,
+                  HAS_BITMASK: tl.constexpr, GROUP: tl.constexpr):
+    """`_stream_chunks` with the raw logits' softmax sum only when `sum_r`."""
+    if sum_r:
+        lanes = _stream_chunks(span, DRAW, SUM_S, True, CHUNK, SPLITS, VOCAB, BLOCK, HAS_BITMASK,
+                               GROUP)
+    else:
+        lanes = _stream_chunks(span, DRAW, SUM_S, False, CHUNK, SPLITS, VOCAB, BLOCK,
+                               HAS_BITMASK, GROUP)
     return lanes
 
 
