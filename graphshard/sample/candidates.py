@@ -231,6 +231,21 @@ def select_above(pool_x_ptr, pool_id_ptr, n_cand, inv_temp, lo, hi, num, dest_x_
 
 
 @triton.jit
+def top_entries(pool_x_ptr, pool_id_ptr, n_cand, inv_temp, lo, hi, num, BY_SCORE: tl.constexpr,
+                CAP: tl.constexpr, TILE: tl.constexpr):
+    """The pool's entries a top-`num` answer needs -> (logits, ids, count): a copy of its top
+    entries behind it (`select_above`) when the pool is larger than a short sort, has room
+    behind it and the copy fits one; else the pool itself."""
+    if (n_cand > SHORT_POOL) & (n_cand <= CAP - SHORT_POOL):
+        n_top = select_above(pool_x_ptr, pool_id_ptr, n_cand, inv_temp, lo, hi, num,
+                             pool_x_ptr + n_cand, pool_id_ptr + n_cand, BY_SCORE, CAP, TILE,
+                             SHORT_POOL)
+        if (n_top > 0) & (n_top <= SHORT_POOL):
+            pool_x_ptr, pool_id_ptr, n_cand = pool_x_ptr + n_cand, pool_id_ptr + n_cand, n_top
+    return pool_x_ptr, pool_id_ptr, n_cand
+
+
+@triton.jit
 def _select_values(pool_x_ptr, pool_id_ptr, t, n_cand, inv_temp, BY_SCORE: tl.constexpr,
                    TILE: tl.constexpr):
     """A pool tile's values for `select_above` (-inf where not counted), with its entries as

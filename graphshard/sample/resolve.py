@@ -13,7 +13,7 @@ import triton.language as tl
 from graphshard.sample.rows import draw_filtered, load_masked, logprob_row, scan_span
 from graphshard.sample.candidates import (SHORT_POOL, TINY_POOL, count_raw_above, draw_pool,
                                           floor_score, mass_above, search_mass, search_pool,
-                                          select_above, sorted_thresholds, top_raw, unpack_top)
+                                          sorted_thresholds, top_entries, top_raw, unpack_top)
 from graphshard.sample.workspace import (P_ARG_X, P_ARG_Z, P_FLOOR_R, P_FLOOR_S, P_MAX_R,
                                           P_MAX_X, P_MAX_Z, P_NAN, P_SUM_R, P_SUM_S, STAT_COUNTS,
                                           STAT_DRAWS, STAT_LOGPROBS, padded)
@@ -153,19 +153,16 @@ def draw_from_pool(pool_x, pool_id, n_pool, floor_x, norm, key, inv_temp, max_s,
     (0 when not drawn), min-p threshold, top-k settled). `floor_x` is the largest chunk floor, `norm` the row's
     total mass exp(s - max_s) (the top-p norm without top-k). A pool that fits two tiles is
     sorted once; a larger one is searched (`searched_thresholds`). A top-k row settles from its
-    pool's top entries alone (`candidates.select_above`, copied behind the pool): every token
+    pool's top entries alone (`candidates.top_entries`, copied behind the pool): every token
     it keeps is among them."""
     n_cand = tl.maximum(tl.minimum(n_pool, CAP), 0)
     whole = n_pool <= CAP  # every capture reached the pool
     below = floor_score(floor_x, inv_temp)  # the best score an uncaptured token can have
     all_in = whole & (floor_x == float("-inf"))  # every finite allowed token was captured
-    if whole & (top_k > 0) & (top_k <= SHORT_POOL) & (top_k < VOCAB) \
-            & (n_cand > SHORT_POOL) & (n_cand <= CAP - SHORT_POOL):
+    if whole & (top_k > 0) & (top_k <= SHORT_POOL) & (top_k < VOCAB):
         # Top-p and min-p keep a subset of top-k's set, and the draw picks from it.
-        n_top = select_above(pool_x, pool_id, n_cand, inv_temp, below, max_s, top_k,
-                             pool_x + n_cand, pool_id + n_cand, True, CAP, TILE, SHORT_POOL)
-        if (n_top > 0) & (n_top <= SHORT_POOL):
-            pool_x, pool_id, n_cand = pool_x + n_cand, pool_id + n_cand, n_top
+        pool_x, pool_id, n_cand = top_entries(pool_x, pool_id, n_cand, inv_temp, below, max_s,
+                                              top_k, True, CAP, TILE)
     if (TINY_POOL < TILE) & (n_cand <= TINY_POOL):
         thr, k_ok, ok = sorted_thresholds(pool_x, pool_id, n_cand, whole, all_in, below, norm,
                                           inv_temp, max_s, top_k, top_p, VOCAB, TINY_POOL)
@@ -255,13 +252,11 @@ def _settle_logprobs_from_pool(pool, top, rec_ptr, row_ptr, r, token, num, VOCAB
     lse = tl.where(max_r == float("-inf"), 0.0, max_r + tl.log(total))
     floor_r = tl.max(load_part(part, P_FLOOR_R, SPLITS, float("-inf"), True), axis=0)
     # The list comes from the pool's top entries alone when they fit a short sort, copied
-    # behind the pool (`candidates.select_above`); the list is checked against floor_r as is.
+    # behind the pool (`candidates.top_entries`); the list is checked against floor_r as is.
     top_x, top_id, n_top = pool_x, pool_id, n_cand
-    if whole & (n_cand > SHORT_POOL) & (n_cand <= CAP - SHORT_POOL):
-        n_sel = select_above(pool_x, pool_id, n_cand, 1.0, floor_r, max_r, num, pool_x + n_cand,
-                             pool_id + n_cand, False, CAP, TILE, SHORT_POOL)
-        if (n_sel > 0) & (n_sel <= SHORT_POOL):
-            top_x, top_id, n_top = pool_x + n_cand, pool_id + n_cand, n_sel
+    if whole:
+        top_x, top_id, n_top = top_entries(pool_x, pool_id, n_cand, 1.0, floor_r, max_r, num,
+                                           False, CAP, TILE)
     ids, vals, xs = unpack_top(top_raw(top_x, top_id, n_top, num, top, CAP, TILE, K_P), lse)
     at = tl.arange(0, K_P)
     last_x = tl.max(tl.where(at == num - 1, xs, float("-inf")), axis=0)

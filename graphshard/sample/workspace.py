@@ -38,8 +38,7 @@ MAX_POOL = 16384
 # Lanes a scan program's capture lists and reads again: HOT_TILE of them in one load per chunk,
 # up to HOT_LANES - HOT_TILE more in a second, narrower one (a floor for 256 candidates, a
 # program's CHUNK_TOP for two chunks or a top-k of 256, leaves a few more than 256 lanes hot:
-# its rounding and ties). A program with more hot
-# lanes re-reads them tile by tile.
+# its rounding and ties). A program with more hot lanes re-reads them tile by tile.
 HOT_TILE = tl.constexpr(256)
 HOT_LANES = tl.constexpr(320)
 
