@@ -5,9 +5,11 @@ Usage: python3 -m benchmarks.bench_sampling [--out sampling.json] [--shapes 1520
 
 Per (shape, mode, batch), on one GPU:
   graphshard        Engine (tp = 1, CUDA graphs, logits written into engine.inputs.logits),
-                    back-to-back steps each ending with the host read of sampled_token_ids:
-                    `step_us` is the median time per loop iteration, `issue_us` the median
-                    return from step(); `sampler_gpu_us` is the sampler alone (CUDA events
+                    back-to-back steps each ending with the host read of sampled_token_ids
+                    (`.cpu()`, as the sort sampler's loops read it): `step_us` is the median
+                    time per loop iteration, `issue_us` the median return from step();
+                    `step_read_us` the same loop reading every result with `engine.read()`
+                    (the step's own copy to pinned memory); `sampler_gpu_us` is the sampler alone (CUDA events
                     around a graph of 10 calls, median per call); `slow_paths` counts the rows
                     that were not settled from their candidates during the timed calls.
   torch_sort_eager  TorchSortSampler run eagerly, the same loop with the host read.
@@ -30,6 +32,10 @@ from benchmarks.sampling_modes import (BATCHES, MAX_LOGPROBS, MODES, SHAPES, Tor
 from benchmarks.timing import captured, graph_of, replay_us
 from graphshard.config import Config
 from graphshard.engine import Engine
+
+# Iterations of the step loops at batch <= 32, where a step costs tens of µs: the medians of a
+# few dozen moved by ~10 µs between runs.
+SMALL_BATCH_ITERS = 300
 
 
 def loop_us(step, iters: int, warmup: int = 5) -> dict:
@@ -94,16 +100,23 @@ def run_shape(vocab: int, dtype: torch.dtype, modes, batches, iters: int, device
                 engine.raise_if_failed()
                 return t1 - t0
 
+            def gs_read():
+                engine.step(idx, cu, lens, view)
+                engine.read()
+
             common = dict(mode=mode, batch=batch, vocab=vocab, dtype=cfg.logits_dtype)
             gpu_us, slow_paths = sampler_alone(view, batch, vocab, params, device)
+            n_iters = iters if batch > 32 else max(iters, SMALL_BATCH_ITERS)
+            read = loop_us(gs_read, n_iters)
             rows.append(dict(common, path="graphshard", sampler_gpu_us=gpu_us,
-                             slow_paths=slow_paths, **loop_us(gs_step, iters)))
+                             slow_paths=slow_paths, step_read_us=read["step_us"],
+                             step_read_p90_us=read["step_p90_us"], **loop_us(gs_step, n_iters)))
             base = TorchSortSampler(params, logits[:batch, :vocab])
             rows.append(dict(common, path="torch_sort_eager",
-                             **loop_us(lambda: _read(base.step()), iters)))
+                             **loop_us(lambda: _read(base.step()), n_iters)))
             graph, tokens = captured(base.step)
             rows.append(dict(common, path="torch_sort_graph",
-                             **loop_us(lambda: _read(graph.replay(), tokens), iters)))
+                             **loop_us(lambda: _read(graph.replay(), tokens), n_iters)))
             print(_line(rows[-3:]), flush=True)
     engine.close()
     return rows
@@ -119,6 +132,8 @@ def _read(*tensors) -> None:
 def _line(rows: list[dict]) -> str:
     r = rows[0]
     cells = " ".join(f"{x['path']}={x['step_us']:.0f}" for x in rows)
+    if "step_read_us" in r:
+        cells += f" graphshard_read={r['step_read_us']:.0f}"
     gpu = f" sampler_gpu={r['sampler_gpu_us']:.1f} slow_paths={r['slow_paths']}" \
         if "sampler_gpu_us" in r else ""
     return f"{r['vocab']} {r['dtype']} {r['mode']:>24} b={r['batch']:<5} {cells}{gpu}"
@@ -129,14 +144,15 @@ def table(rows: list[dict]) -> str:
     cells = {}
     for r in rows:
         cells.setdefault((r["vocab"], r["dtype"], r["mode"], r["batch"]), {})[r["path"]] = r
-    out = ["| vocab | dtype | mode | batch | graphshard step µs | sampler GPU µs | sort eager µs | "
-           "sort graph µs | vs eager | vs graph |", "| --- | --- | --- | ---: | ---: | ---: | ---: | "
-           "---: | ---: | ---: |"]
+    out = ["| vocab | dtype | mode | batch | graphshard step µs | with read() | sampler GPU µs | "
+           "sort eager µs | sort graph µs | vs eager | vs graph | read() vs graph |",
+           "| --- | --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
     for (vocab, dtype, mode, batch), c in cells.items():
         g, e, h = c["graphshard"], c["torch_sort_eager"], c["torch_sort_graph"]
         out.append(f"| {vocab} | {dtype} | {mode} | {batch} | {g['step_us']:.0f} | "
-                   f"{g['sampler_gpu_us']:.1f} | {e['step_us']:.0f} | {h['step_us']:.0f} | "
-                   f"{e['step_us'] / g['step_us']:.1f}x | {h['step_us'] / g['step_us']:.1f}x |")
+                   f"{g['step_read_us']:.0f} | {g['sampler_gpu_us']:.1f} | {e['step_us']:.0f} | "
+                   f"{h['step_us']:.0f} | {e['step_us'] / g['step_us']:.1f}x | "
+                   f"{h['step_us'] / g['step_us']:.1f}x | {h['step_us'] / g['step_read_us']:.1f}x |")
     return "\n".join(out)
 
 

@@ -123,6 +123,48 @@ def test_to_host_is_one_copy_split_into_numpy_arrays():
     assert np.array_equal(kept, host.records)  # the copy is the caller's
 
 
+def test_read_gives_each_of_the_last_two_steps_its_own_records():
+    """tp = 1: `read` copies the records the step's last kernel published to host memory; they
+    equal the device records of that step, for captured, eager (above the largest bucket) and
+    uncaptured steps, and only the last two issued steps (since capture) can be read."""
+    engine = _engine(CFG.replace(buckets=(1, 2)), capture=False)
+    for slot in range(8):
+        engine.add_request(slot, SamplingParams(temperature=0.0 if slot % 3 else 0.8, seed=slot,
+                                                num_logprobs=slot % 3))
+    gen = torch.Generator().manual_seed(3)
+
+    def step(n):
+        logits = torch.randn(2 * n, engine.vocab_shard, generator=gen)
+        cu = np.arange(0, 2 * n + 1, 2, dtype=np.int32)
+        drafts = torch.randint(0, CFG.vocab_size, (2 * n,), generator=gen, dtype=torch.int32)
+        return engine.step(np.arange(n, dtype=np.int32) * 2 % 8, cu, np.full(n, 4, np.int32),
+                           logits, draft_token_ids=drafts).to_host()
+
+    with pytest.raises(ValueError, match="no step can be read"):
+        engine.read()
+    uncaptured = step(3)
+    assert np.array_equal(engine.read().records, uncaptured.records)
+    engine.capture()
+    with pytest.raises(ValueError, match="no step can be read"):
+        engine.read(0)  # the capture's placeholder batches ran over it
+    done = []
+    for n in (1, 4, 2, 3, 1):  # 3 and 4: above the largest bucket, eager steps
+        done.append(step(n))
+        got = engine.read()
+        assert got.records.shape == (n, engine.layout.width)
+        for name in ("sampled_token_ids", "num_sampled", "topk_ids", "topk_logprobs",
+                     "sampled_rank"):
+            np.testing.assert_array_equal(getattr(got, name), getattr(done[-1], name))
+        if len(done) > 1:
+            assert np.array_equal(engine.read(engine.steps - 2).records, done[-2].records)
+    kept = got.records.copy()
+    step(2)
+    assert np.array_equal(kept, got.records)  # the copy is the caller's
+    for bad in (engine.steps - 3, engine.steps, -1, 1.0, True):
+        with pytest.raises(ValueError, match=f"steps {engine.steps - 2}..{engine.steps - 1} can"):
+            engine.read(bad)
+
+
 def test_shard_columns_and_the_padded_vocabulary():
     engine = _engine(capture=False)
     assert engine.vocab == 96 and engine.shard_columns() == (0, 96)  # 90 padded to a multiple of 8
@@ -200,6 +242,11 @@ def _capture_on_some_ranks(rank, world):
     shard = torch.arange(2 * engine.vocab_shard, dtype=torch.float32).view(2, -1).flip(1) + rank
     got["tokens"] = engine.step(np.arange(2, dtype=np.int32), np.arange(3, dtype=np.int32),
                                 np.zeros(2, np.int32), shard).to_host().tokens(1)
+    got["read"] = engine.read().tokens(1)
+    try:
+        engine.read(engine.steps - 2)
+    except ValueError as e:  # tp > 1: only the last issued step
+        got["read_earlier"] = str(e)
     second = Engine(cfg)  # collective: built on both ranks
     second.add_request(0, SamplingParams(temperature=0.0))
     if rank == 0:
@@ -222,6 +269,9 @@ def test_capture_on_a_subset_of_ranks_raises_on_every_rank_that_called_it():
     assert message.startswith("capture() came too late on rank 1: ranks [0] called it"), message
     assert r0["together"][0] == r1["together"][0] == "ok"  # the group is intact
     assert r0["tokens"] == r1["tokens"] == [48]  # the column with the largest logit (rank 1's + 1)
+    assert r0["read"] == r1["read"] == [48]
+    assert r0["read_earlier"] == r1["read_earlier"] == \
+        "read(step=-1): step 0 can be read now (the last issued step)"
     # No gloo abort: the stepping rank's collective times out, the capturing rank's meeting too.
     assert r0["while_peer_steps"][0] == "RankDivergenceError"
     assert r1["while_peer_steps"][0] == "StepFault"

@@ -26,10 +26,11 @@ from graphshard.errors import (EngineStateError, InvalidBatchError, InvalidParam
 from graphshard.engine.faults import FaultGuard
 from graphshard.graphs import GraphManager, make_backend
 from graphshard.engine.inputs import StepInputs
+from graphshard.engine.readout import HostRecords
 from graphshard.sample.params import SamplingParams, SlotTables
 from graphshard.plan.kernel import fetch_and_plan
 from graphshard.plan.layout import PlanBuffers
-from graphshard.sample.records import RecordLayout, SamplerOutput, unpack
+from graphshard.sample.records import HostOutput, RecordLayout, SamplerOutput, unpack, unpack_host
 from graphshard.engine.rendezvous import Rendezvous
 from graphshard.engine.routes import Route, eager_key, keys_for
 from graphshard.sample.kernels import SamplerWorkspace, bitmask_words, sample
@@ -103,6 +104,8 @@ class Engine:
         self._one_row = config.max_num_logits_per_req == 1  # then num_logits == n
         self._routes: list[Route] = []  # index n <= largest bucket, once captured
         self._views: dict[int, SamplerOutput] = {}
+        self._sizes = [0, 0]  # n of the last two issued steps, by parity (`read`)
+        self._first_readable = 0  # capture() reruns placeholder batches over the last results
         self._closed = False
         # Steps without graphs are slow on CUDA: rank 0 says so once.
         self._warn_uncaptured = self.device.type == "cuda" and self.tp_rank == 0
@@ -136,6 +139,9 @@ class Engine:
             self._tiers = {b: self.transport.capacity_tiers(b * m) for b in cfg.buckets}
         else:
             self.records = torch.zeros(n, self.layout.width, dtype=torch.int32, device=dev)
+        # tp = 1: the step's last kernel copies its records to the host (`read`).
+        self.host_records = HostRecords(self.records, self.inputs.staged, self.inputs.num_reqs) \
+            if self.transport is None else None
         # Rows the checked record gather appends the divergence digest in (padded transports).
         self._digest_rows = self.transport.digest_rows \
             if self.transport is not None and cfg.divergence_check else 0
@@ -273,7 +279,7 @@ class Engine:
                    bitmask=inp.grammar_bitmask, bitmask_rows=self.identity_rows,
                    bitmask_enabled=inp.bitmask_on)
             if self.transport is None:
-                inp.signal_done()
+                self.host_records.publish()  # the records to the host, then the done word
             else:
                 self.transport.close(done=inp.staged, agree=agree)
 
@@ -312,6 +318,7 @@ class Engine:
                 self.graphs, self._timing_keys(), self._write_placeholder_batch, self.device,
                 self.group)
         self._routes = [self._route(n) for n in range(self.config.max_bucket + 1)]
+        self._first_readable = self.steps
         self.captured = True
         self._capture_s = time.perf_counter() - start
 
@@ -399,6 +406,7 @@ class Engine:
         n = idx.shape[0]
         step = self._admit(refusal, draft_token_ids, grammar_bitmask)
         self._stage(step, idx, cu, lens, logits, draft_token_ids, grammar_bitmask)
+        self._sizes[step & 1] = n
         route = self._routes[n] if n < len(self._routes) else None
         self._run(step, route, idx, cu)
         self._settle(step, refusal)
@@ -537,6 +545,35 @@ class Engine:
                               RuntimeWarning, stacklevel=3)
             self.eager_steps += 1
             fn()
+
+    # -- results on the host ----------------------------------------------------------------------
+    def read(self, step: int | None = None) -> HostOutput:
+        """Step `step`'s results on the host (default: the last issued step) as NumPy arrays the
+        caller owns, batch order (`HostOutput`). Waits for the step and raises what
+        `raise_if_failed(step)` raises, so no failed step's tokens are returned.
+
+        At tp = 1 the step's last kernel copied its records into pinned host memory
+        (`graphshard.engine.readout`): this waits for the step's done word and copies them out
+        with NumPy, with no device call, and either of the last two issued steps can be read.
+        At tp > 1 it copies the records from the device: only the last issued step. Steps
+        issued before `capture()` cannot be read afterwards (the capture reran placeholder
+        batches over them)."""
+        last = self.steps - 1
+        step = last if step is None else step
+        oldest = max(last - 1 if self.host_records is not None else last, self._first_readable)
+        if isinstance(step, bool) or not isinstance(step, (int, np.integer)) \
+                or not oldest <= step <= last:
+            readable = "no step" if oldest > last else \
+                (f"step {last}" if oldest == last else f"steps {oldest}..{last}")
+            raise ValueError(f"read(step={step!r}): {readable} can be read now (the last issued "
+                             f"step{'' if self.host_records is None else ' and the one before'})")
+        step = int(step)
+        self.faults.drain(step)
+        self.raise_if_failed(step)
+        n = self._sizes[step & 1]
+        if self.host_records is not None:
+            return unpack_host(self.host_records.rows(step, n), self.layout)
+        return unpack(self.records[:n], self.layout).to_host()
 
     # -- faults -----------------------------------------------------------------------------------
     def raise_if_failed(self, step: int | None = None) -> None:

@@ -62,10 +62,6 @@ class StepInputs:
         """The step's first operation: the staged inputs into `meta` (graph-safe)."""
         self.staged.fetch()
 
-    def signal_done(self) -> None:
-        """The step's last operation: tell the host this step finished (graph-safe)."""
-        self.staged.signal_done()
-
     def is_zero_copy(self, logits: torch.Tensor, num_logits: int) -> bool:
         """Whether the decode loop wrote this step's logits straight into `self.logits`."""
         return num_logits > 0 and logits.data_ptr() == self._logits_ptr

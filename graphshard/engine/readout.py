@@ -1,0 +1,80 @@
+"""The host's copy of a tp = 1 step's records, written by the step's last kernel.
+
+A decode loop reads every step's tokens on the host. Read through the device buffers that is a
+device-to-host copy after the step: a copy call and a stream wait, ~3-6 µs more per step than
+what this module does on an H200 (BENCHMARKS.md, `benchmarks/graph_read.py`). Here the step's
+last kernel (`publish`, which replaces `signal_done` at tp = 1) stores the batch's records into
+pinned host memory itself, then the step's number into the done word; the host waits for that
+word (a NumPy load) and copies the rows out with NumPy.
+
+The pinned buffer holds two slots, by step parity, like the staging rows: step k's slot is only
+rewritten by step k + 2, which the engine issues only after k finished, so the host may read
+either of the last two steps it issued. Stores to host memory are posted and stay in order, and
+the done word is stored last (system-scope release), so a host that sees step k done sees its
+records.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+import triton
+import triton.language as tl
+
+from graphshard.plan.staging import Staging
+from graphshard.runtime.launch import launch
+
+_BLOCK = 1024
+
+
+@triton.jit
+def _publish_kernel(records_ptr, num_reqs_ptr, host_address_ptr, done_address_ptr, meta_seq_ptr,
+                    last_ptr, WIDTH: tl.constexpr, SLOT: tl.constexpr, BLOCK: tl.constexpr):
+    """The first num_reqs records [n, WIDTH] into the host slot of this step's parity (SLOT words
+    each), then the step's number into `last` and the done word (`staging.signal_done`'s
+    stores, the last one ordered after the copy)."""
+    n = tl.load(num_reqs_ptr)
+    seq = tl.load(meta_seq_ptr)
+    host = tl.load(host_address_ptr).to(tl.pointer_type(tl.int32)) + (seq & 1) * SLOT
+    words = n * WIDTH
+    offs = tl.arange(0, BLOCK)
+    start = 0
+    while start < words:
+        at = start + offs
+        tl.store(host + at, tl.load(records_ptr + at, mask=at < words), mask=at < words)
+        start += BLOCK
+    tl.store(last_ptr, seq)
+    # Every thread's stores before the done word; a release at system scope so that the host
+    # sees them once it sees the word.
+    tl.debug_barrier()
+    done = tl.load(done_address_ptr).to(tl.pointer_type(tl.int64))
+    tl.atomic_xchg(done, seq, sem="release", scope="sys")
+
+
+class HostRecords:
+    """Pinned [2, max_num_reqs, width] int32 copies of the records (plain memory on CPU), one slot
+    per step parity."""
+
+    def __init__(self, records: torch.Tensor, staged: Staging, num_reqs: torch.Tensor):
+        """`records`: the step's contiguous [max_num_reqs, width] int32 output buffer; `staged`:
+        the engine's staging (its done word); `num_reqs`: meta's device n."""
+        if records.dtype != torch.int32 or records.dim() != 2 or not records.is_contiguous():
+            raise ValueError(f"records must be a contiguous 2-D int32 tensor, got "
+                             f"{records.dtype} {tuple(records.shape)} strides {records.stride()}")
+        device = records.device
+        self.records, self.staged, self.num_reqs = records, staged, num_reqs
+        self.slots = torch.zeros(2, *records.shape, dtype=torch.int32,
+                                 pin_memory=device.type == "cuda")
+        self._view = self.slots.numpy()
+        self._address = torch.tensor([self.slots.data_ptr()], dtype=torch.int64).to(device)
+        self._width = records.shape[1]
+        self._slot_words = records.numel()
+
+    def publish(self) -> None:
+        """The step's last kernel (graph-safe): its records to the host, then its done word."""
+        launch(_publish_kernel, (1,), self.records, self.num_reqs, self._address,
+               *self.staged.done_args(), WIDTH=self._width, SLOT=self._slot_words, BLOCK=_BLOCK)
+
+    def rows(self, step: int, n: int) -> np.ndarray:
+        """A copy of step `step`'s first n records (the caller made sure it finished)."""
+        return self._view[step & 1, :n].copy()
