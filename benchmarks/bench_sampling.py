@@ -66,7 +66,10 @@ def sampler_alone(logits, batch, vocab, params, device) -> tuple[float, dict]:
     return stats["median_us"], {k: after[k] - before[k] for k in after}
 
 
-def run_shape(vocab: int, dtype: torch.dtype, modes, batches, iters: int, device) -> list[dict]:
+def run_shape(vocab: int, dtype: torch.dtype, modes, batches, iters: int, device,
+              save=lambda rows: None) -> list[dict]:
+    """Every (mode, batch) point of one shape; `save(rows)` after each (a call cut short keeps
+    what it measured)."""
     max_batch = max(batches)
     cfg = Config(vocab_size=vocab, max_num_reqs=max_batch, max_num_slots=max_batch,
                  logits_dtype=str(dtype).removeprefix("torch."), buckets=tuple(sorted(batches)),
@@ -118,6 +121,7 @@ def run_shape(vocab: int, dtype: torch.dtype, modes, batches, iters: int, device
             rows.append(dict(common, path="torch_sort_graph",
                              **loop_us(lambda: _read(graph.replay(), tokens), n_iters)))
             print(_line(rows[-3:]), flush=True)
+            save(rows)
     engine.close()
     return rows
 
@@ -167,13 +171,17 @@ def main(argv=None):
     args = parser.parse_args(argv)
     device = torch.device("cuda", 0)
     rows = []
+
+    def save(more: list[dict]) -> None:
+        with open(args.out, "w") as f:
+            json.dump(rows + more, f, indent=1)
+
     for spec in args.shapes.split(","):
         vocab, dtype = spec.split(":")
         rows += run_shape(int(vocab), getattr(torch, dtype), args.modes.split(","),
-                          [int(b) for b in args.batches.split(",")], args.iters, device)
+                          [int(b) for b in args.batches.split(",")], args.iters, device, save)
         torch.cuda.empty_cache()
-    with open(args.out, "w") as f:
-        json.dump(rows, f, indent=1)
+    save([])
     print(table(rows))
 
 

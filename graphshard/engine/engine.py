@@ -343,7 +343,8 @@ class Engine:
 
     def _route(self, n: int) -> Route:
         bucket = self.graphs.bucket_for(n)
-        return Route(keys_for(bucket, self._strategy[bucket], self._tiers.get(bucket)),
+        keys = keys_for(bucket, self._strategy[bucket], self._tiers.get(bucket))
+        return Route(keys, [self.graphs.replayer(key) for key in keys],
                      unpack(self.records[:n], self.layout))
 
     # -- the step ---------------------------------------------------------------------------------
@@ -439,7 +440,7 @@ class Engine:
         in the fault guard."""
         try:
             if route is not None:
-                self.graphs.replay(route.key or route.key_for(idx, cu, self.tp_size, self._one_row))
+                (route.replay or route.replay_for(idx, cu, self.tp_size, self._one_row))()
             else:
                 self._run_eager(idx, cu, idx.shape[0])
         except Exception as e:

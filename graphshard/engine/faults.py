@@ -28,6 +28,10 @@ from graphshard.errors import StepFault
 logger = logging.getLogger(__name__)
 
 _KEY_PREFIX = "graphshard/fault"
+# A wait first polls the done word this long without sleeping: a step ends tens of µs after the
+# host issued it, and `time.sleep(0)` may sleep up to the kernel's timer slack (50 µs on Linux),
+# which made a read of a 50 µs step take 100 (one H200, BENCHMARKS.md).
+SPIN_S = 0.002
 
 
 def default_store():
@@ -92,6 +96,18 @@ class FaultReporter:
             except Exception:  # noqa: BLE001 - a store that died with its host has nothing to say
                 break
         return out
+
+
+def _spin(done: np.ndarray, step: int, limit_s: float) -> bool:
+    """Poll `done` until it reaches `step` (True) or `limit_s` has passed (False)."""
+    end = time.perf_counter() + limit_s
+    while done[0] < step:
+        for _ in range(64):  # a word load each: ~0.1 µs
+            if done[0] >= step:
+                return True
+        if time.perf_counter() > end:
+            return False
+    return True
 
 
 class StepClock:
@@ -187,6 +203,8 @@ class FaultGuard:
             self._wait(step)
 
     def _wait(self, step: int) -> None:
+        if _spin(self.clock.done, step, SPIN_S):
+            return
         if self.watchdog is None:  # no peers: the step cannot hang on one
             while self.clock.done[0] < step:
                 time.sleep(0)

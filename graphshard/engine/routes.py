@@ -9,6 +9,8 @@ batch size at capture, so a step finds its graph with a list index.
 
 from __future__ import annotations
 
+from typing import Callable
+
 import numpy as np
 
 from graphshard.sample.records import SamplerOutput
@@ -18,21 +20,32 @@ from graphshard.plan.layout import owner_counts, owner_ranks
 
 
 class Route:
-    """How a captured batch of n requests runs: its graph key (or the key of each capacity tier)
-    and the output views of its first n records."""
+    """How a captured batch of n requests runs: its graph key (or the key of each capacity tier),
+    the replay of each (`GraphManager.replayer`) and the output views of its first n records."""
 
-    __slots__ = ("key", "tiers", "keys", "out")
+    __slots__ = ("key", "tiers", "keys", "replays", "replay", "out")
 
-    def __init__(self, keys: list[tuple], out: SamplerOutput):
+    def __init__(self, keys: list[tuple], replays: list[Callable[[], None]], out: SamplerOutput):
         self.key = keys[0] if len(keys) == 1 else None
         self.tiers = tuple(k[2] for k in keys) if len(keys) > 1 else None
-        self.keys = keys
+        self.keys, self.replays = keys, replays
+        self.replay = replays[0] if len(keys) == 1 else None  # the one graph, when there is one
         self.out = out
 
     def key_for(self, idx: np.ndarray, cu: np.ndarray, tp_size: int, one_row: bool) -> tuple:
+        return self.keys[self._tier(idx, cu, tp_size, one_row)]
+
+    def replay_for(self, idx: np.ndarray, cu: np.ndarray, tp_size: int,
+                   one_row: bool) -> Callable[[], None]:
+        """The replay of the graph this batch takes: the one graph, or its tier's."""
+        if self.replay is not None:
+            return self.replay
+        return self.replays[self._tier(idx, cu, tp_size, one_row)]
+
+    def _tier(self, idx, cu, tp_size: int, one_row: bool) -> int:
         if self.key is not None:
-            return self.key
-        return self.keys[self.tiers.index(pick_tier(self.tiers, busiest_owner_rows(idx, cu, tp_size, one_row)))]
+            return 0
+        return self.tiers.index(pick_tier(self.tiers, busiest_owner_rows(idx, cu, tp_size, one_row)))
 
 
 def keys_for(bucket: int, strategy: str, tiers: tuple[int, ...] | None) -> list[tuple]:

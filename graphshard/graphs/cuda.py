@@ -91,12 +91,15 @@ class CudaGraphBackend:
 
     def replay(self, key):
         """Launch the graph of `key` on the current stream; returns the outputs captured with it."""
+        self.replayer(key)()
+        return self._outputs[key]
+
+    def replayer(self, key) -> Callable[[], None]:
+        """The launch of the graph of `key` on the current stream, as a call."""
         try:
-            graph = self._graphs[key]
+            return self._graphs[key].replay
         except KeyError:
             raise KeyError(f"no graph captured for key {key!r}; captured: {list(self._graphs)}") from None
-        graph.replay()
-        return self._outputs[key]
 
     def memory_bytes(self) -> int | None:
         """Device memory the shared pool grew by while capturing (reserved-bytes delta)."""

@@ -467,6 +467,9 @@ class EmulatedGraphBackend:
     def replay(self, key):
         return self.graph(key).replay()
 
+    def replayer(self, key) -> Callable[[], Any]:
+        return self.graph(key).replay
+
     def graph(self, key) -> EmulatedGraph:
         try:
             return self._graphs[key]

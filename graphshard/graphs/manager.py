@@ -25,6 +25,7 @@ class GraphBackend(Protocol):
     def warmup(self, fn: Callable[[], Any], iters: int = ...) -> None: ...
     def capture(self, key: Hashable, fn: Callable[[], Any]) -> Any: ...
     def replay(self, key: Hashable) -> Any: ...
+    def replayer(self, key: Hashable) -> Callable[[], Any]: ...
     def memory_bytes(self) -> int | None: ...
 
 
@@ -73,7 +74,7 @@ class GraphManager:
         self.barrier = barrier
         self.warmup_iters = warmup_iters
         self._table = build_bucket_table(self.buckets)
-        self._replays: dict[Hashable, int] = {}
+        self._replays: dict[Hashable, list[int]] = {}  # key -> [replays]
         self._capture_s: dict[Hashable, float] = {}
         self._eager_fallbacks = 0
 
@@ -108,7 +109,7 @@ class GraphManager:
             self.backend.warmup(fn, self.warmup_iters)
             self.backend.capture(key, fn)
             self._capture_s[key] = time.perf_counter() - start
-            self._replays[key] = 0
+            self._replays[key] = [0]
 
     def _check_keys(self, keys: list):
         if len(set(keys)) != len(keys):
@@ -121,10 +122,25 @@ class GraphManager:
 
     def replay(self, key) -> Any:
         """Replay the graph of `key`; returns the backend's outputs for it."""
-        if key not in self._replays:
-            raise KeyError(f"no graph captured for key {key!r}; captured: {self.keys}")
-        self._replays[key] += 1
+        self._count(key)[0] += 1
         return self.backend.replay(key)
+
+    def replayer(self, key) -> Callable[[], None]:
+        """What `replay(key)` does, as a call with the key looked up once (a step's hot path):
+        launch the graph, count the replay; returns nothing."""
+        count, launch = self._count(key), self.backend.replayer(key)
+
+        def replay() -> None:
+            count[0] += 1
+            launch()
+
+        return replay
+
+    def _count(self, key) -> list[int]:
+        try:
+            return self._replays[key]
+        except KeyError:
+            raise KeyError(f"no graph captured for key {key!r}; captured: {self.keys}") from None
 
     def check_fits(self, n: int):
         """Raise BatchTooLargeError if `n` needs the eager path and the fallback is "error"."""
@@ -148,7 +164,7 @@ class GraphManager:
 
     def stats(self) -> GraphStats:
         return GraphStats(
-            replays=dict(self._replays),
+            replays={key: count[0] for key, count in self._replays.items()},
             eager_fallbacks=self._eager_fallbacks,
             capture_s=dict(self._capture_s),
             capture_total_s=sum(self._capture_s.values()),
