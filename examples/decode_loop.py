@@ -15,7 +15,7 @@ What to copy into a real loop:
 2. Each step every rank computes only its own logits columns (`engine.shard_columns()`) straight
    into `engine.inputs.logits[:n]`, and passes that view to `engine.step`.
 3. The scheduler's arrays (slots, cu_num_logits, positions) are the same on every rank.
-4. `out.to_host()`, then `engine.raise_if_failed()` before acting on the tokens.
+4. `engine.read()`: every result on the host, raising first if a peer failed the step.
 """
 
 from __future__ import annotations
@@ -176,9 +176,8 @@ def decode_loop(engine: Engine, decoder: TinyDecoder, requests: list[Request], s
 
 def graphshard_sampler(engine: Engine):
     def sample(slots, cu, seq_lens, logits, running):
-        out = engine.step(slots, cu, seq_lens, logits)
-        host = out.to_host()  # one copy of every result, NumPy arrays
-        engine.raise_if_failed()  # never act on the tokens of a step a peer failed
+        engine.step(slots, cu, seq_lens, logits)
+        host = engine.read()  # NumPy arrays; raises instead of returning a failed step's tokens
         return [(host.tokens(j), float(host.sampled_logprob[j, 0]) if r.params.num_logprobs else None)
                 for j, r in enumerate(running)]
     return sample
