@@ -151,6 +151,7 @@ def test_read_gives_each_of_the_last_two_steps_its_own_records():
     for n in (1, 4, 2, 3, 1):  # 3 and 4: above the largest bucket, eager steps
         done.append(step(n))
         got = engine.read()
+        assert engine.inputs.staged.finished() == engine.steps - 1  # the publish's done word
         assert got.records.shape == (n, engine.layout.width)
         for name in ("sampled_token_ids", "num_sampled", "topk_ids", "topk_logprobs",
                      "sampled_rank"):

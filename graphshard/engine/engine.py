@@ -279,7 +279,7 @@ class Engine:
                    bitmask=inp.grammar_bitmask, bitmask_rows=self.identity_rows,
                    bitmask_enabled=inp.bitmask_on)
             if self.transport is None:
-                self.host_records.publish()  # the records to the host, then the done word
+                self.host_records.publish(bucket)  # the records to the host, then the done word
             else:
                 self.transport.close(done=inp.staged, agree=agree)
 

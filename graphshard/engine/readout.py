@@ -3,15 +3,15 @@
 A decode loop reads every step's tokens on the host. Read through the device buffers that is a
 device-to-host copy after the step: a copy call and a stream wait, ~3-6 µs more per step than
 what this module does on an H200 (BENCHMARKS.md, `benchmarks/graph_read.py`). Here the step's
-last kernel (`publish`, which replaces `signal_done` at tp = 1) stores the batch's records into
-pinned host memory itself, then the step's number into the done word; the host waits for that
-word (a NumPy load) and copies the rows out with NumPy.
+last kernel (`publish`, which replaces `signal_done` at tp = 1; a few programs at large batch)
+stores the batch's records into pinned host memory itself, then the step's number into the done
+word; the host waits for that word (a NumPy load) and copies the rows out with NumPy.
 
 The pinned buffer holds two slots, by step parity, like the staging rows: step k's slot is only
 rewritten by step k + 2, which the engine issues only after k finished, so the host may read
-either of the last two steps it issued. Stores to host memory are posted and stay in order, and
-the done word is stored last (system-scope release), so a host that sees step k done sees its
-records.
+either of the last two steps it issued. The last program to finish its part stores the done
+word after the others' arrivals (release and acquire at system scope), so a host that sees
+step k done sees all of its records.
 """
 
 from __future__ import annotations
@@ -25,30 +25,37 @@ from graphshard.plan.staging import Staging
 from graphshard.runtime.launch import launch
 
 _BLOCK = 1024
+# Words one publish program copies at most: a single program stored ~190 KB (batch 1024, 20
+# logprobs) in ~25 µs on an H200 (BENCHMARKS.md); host stores go faster from several SMs.
+_WORDS_PER_PROGRAM = 4096
 
 
 @triton.jit
 def _publish_kernel(records_ptr, num_reqs_ptr, host_address_ptr, done_address_ptr, meta_seq_ptr,
-                    last_ptr, WIDTH: tl.constexpr, SLOT: tl.constexpr, BLOCK: tl.constexpr):
+                    last_ptr, arrivals_ptr, WIDTH: tl.constexpr, SLOT: tl.constexpr,
+                    BLOCK: tl.constexpr):
     """The first num_reqs records [n, WIDTH] into the host slot of this step's parity (SLOT words
-    each), then the step's number into `last` and the done word (`staging.signal_done`'s
-    stores, the last one ordered after the copy)."""
+    each), BLOCK words per program and pass; then the last program to finish its part stores the
+    step's number into `last` and the done word (`staging.signal_done`'s stores)."""
     n = tl.load(num_reqs_ptr)
     seq = tl.load(meta_seq_ptr)
     host = tl.load(host_address_ptr).to(tl.pointer_type(tl.int32)) + (seq & 1) * SLOT
     words = n * WIDTH
     offs = tl.arange(0, BLOCK)
-    start = 0
+    start = tl.program_id(0) * BLOCK
     while start < words:
         at = start + offs
         tl.store(host + at, tl.load(records_ptr + at, mask=at < words), mask=at < words)
-        start += BLOCK
-    tl.store(last_ptr, seq)
-    # Every thread's stores before the done word; a release at system scope so that the host
-    # sees them once it sees the word.
+        start += tl.num_programs(0) * BLOCK
+    # Every thread's stores before the arrival; releases and acquires at system scope, so the
+    # host that sees the done word sees every program's stores.
     tl.debug_barrier()
-    done = tl.load(done_address_ptr).to(tl.pointer_type(tl.int64))
-    tl.atomic_xchg(done, seq, sem="release", scope="sys")
+    last = tl.atomic_add(arrivals_ptr, 1, sem="acq_rel", scope="sys") == tl.num_programs(0) - 1
+    if last:
+        tl.store(arrivals_ptr, 0)  # for the next step, which runs after this kernel
+        tl.store(last_ptr, seq)
+        done = tl.load(done_address_ptr).to(tl.pointer_type(tl.int64))
+        tl.atomic_xchg(done, seq, sem="release", scope="sys")
 
 
 class HostRecords:
@@ -69,11 +76,16 @@ class HostRecords:
         self._address = torch.tensor([self.slots.data_ptr()], dtype=torch.int64).to(device)
         self._width = records.shape[1]
         self._slot_words = records.numel()
+        self._arrivals = torch.zeros(1, dtype=torch.int32, device=device)
 
-    def publish(self) -> None:
-        """The step's last kernel (graph-safe): its records to the host, then its done word."""
-        launch(_publish_kernel, (1,), self.records, self.num_reqs, self._address,
-               *self.staged.done_args(), WIDTH=self._width, SLOT=self._slot_words, BLOCK=_BLOCK)
+    def publish(self, max_num_reqs: int) -> None:
+        """The step's last kernel (graph-safe; its grid sized for `max_num_reqs` requests): its
+        records to the host, then its done word."""
+        words = min(max_num_reqs, self.records.shape[0]) * self._width
+        grid = (max(1, triton.cdiv(words, _WORDS_PER_PROGRAM)),)
+        launch(_publish_kernel, grid, self.records, self.num_reqs, self._address,
+               *self.staged.done_args(), self._arrivals, WIDTH=self._width,
+               SLOT=self._slot_words, BLOCK=_BLOCK)
 
     def rows(self, step: int, n: int) -> np.ndarray:
         """A copy of step `step`'s first n records (the caller made sure it finished)."""

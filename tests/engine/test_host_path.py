@@ -14,6 +14,7 @@ from graphshard.engine import Engine
 from graphshard.engine.faults import FaultGuard, StepClock, StepFault, Watchdog
 from graphshard.sample.params import SamplingParams
 from graphshard.plan.staging import Staging
+from graphshard.engine.readout import HostRecords
 from graphshard.engine.validate import BatchChecker, BatchLimits, InvalidBatchError
 
 CPU = torch.device("cpu")
@@ -55,6 +56,25 @@ def test_each_step_fetches_its_own_row_with_two_steps_staged(rows_per_req):
     assert _fetched(s) == _staged(c)
     s.signal_done()
     assert s.finished() == 2
+
+
+@pytest.mark.parametrize("grid_for", [1, 700])
+def test_publish_copies_each_steps_records_to_its_slot_then_signals_done(grid_for):
+    """The step's last kernel at tp = 1 (`HostRecords.publish`): the first n records into the
+    host slot of the step's parity, then the done word, also when several programs share the
+    copy (700 requests x 16 words: 3 programs) and the last of them signals."""
+    s = Staging(max_num_reqs=700, device=CPU)
+    records = torch.arange(700 * 16, dtype=torch.int32).view(700, 16)
+    host = HostRecords(records, s, s.views()[0])
+    for step, n in enumerate((699, 3, 650)):
+        s.write(step, *_batch(list(range(n))), False)
+        s.fetch()
+        records.add_(1)
+        host.publish(grid_for)
+        assert s.finished() == step
+        assert np.array_equal(host.rows(step, n), records[:n].numpy())
+        assert not host.slots[step & 1, n:].any() or step > 1  # nothing past n in a fresh slot
+    assert np.array_equal(host.rows(1, 3), (records[:3] - 1).numpy())  # step 1 kept its own
 
 
 def test_warm_up_runs_refetch_the_placeholder_and_keep_the_done_word():
