@@ -10,6 +10,9 @@ the host, median µs over the steps after the first quarter.
   read by `.cpu()`; by a copy node into pinned memory at the graph's end, a stream
   synchronize and a NumPy copy; or by the last kernel storing the result and then a step number
   into pinned memory itself, the host spinning on that number and copying NumPy.
+- publish: device µs of the engine's tp = 1 last kernel (`graphshard.engine.readout`) storing
+  1024 records of 46 words (20 logprobs) into pinned memory, with one program and with the grid
+  the engine launches for a bucket of 1024 (CUDA events around a graph of 10).
 """
 
 from __future__ import annotations
@@ -22,6 +25,10 @@ import numpy as np
 import torch
 import triton
 import triton.language as tl
+
+from benchmarks.timing import graph_of, replay_us
+from graphshard.engine.readout import HostRecords
+from graphshard.plan.staging import Staging
 
 ROWS, WIDTH = 32, 4
 
@@ -79,6 +86,18 @@ def loop_us(graph: torch.cuda.CUDAGraph, read, steps: int) -> dict:
             "replay_call_us": float(np.median(issue[skip:])) * 1e6}
 
 
+def publish_us(dev) -> dict[int, float]:
+    """Device µs per publish of 1024 records of 46 words, grid for a bucket of 1 or of 1024."""
+    staging = Staging(max_num_reqs=1024, device=dev)
+    idx = np.arange(1024, dtype=np.int32)
+    staging.write(0, idx, np.arange(1025, dtype=np.int32), idx, False)
+    staging.fetch()
+    host = HostRecords(torch.ones(1024, 46, dtype=torch.int32, device=dev), staging,
+                       staging.views()[0])
+    return {grid_for: replay_us(graph_of(lambda: host.publish(grid_for), 10), 10)["median_us"]
+            for grid_for in (1, 1024)}
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--steps", type=int, default=2000)
@@ -133,6 +152,9 @@ def main() -> None:
     for r in rows:
         print(f"{r['case']:>34} {r['read']:>22}: step {r['step_us']:6.1f} µs, "
               f"replay() {r['replay_call_us']:5.1f} µs", flush=True)
+    for grid_for, us in publish_us(dev).items():
+        rows.append({"case": f"publish 1024 x 46 words, grid for {grid_for}", "device_us": us})
+        print(f"publish 1024 x 46 words, grid for bucket {grid_for}: {us:.1f} µs", flush=True)
     with open(args.out, "w") as f:
         json.dump(rows, f, indent=1)
 

@@ -13,6 +13,8 @@ from graphshard.config import Config
 from graphshard.harness.distributed import spawn
 from graphshard.engine import Engine
 from graphshard.sample.params import SamplingParams
+from graphshard.engine.readout import HostRecords
+from graphshard.plan.staging import Staging
 
 GPU_TP = int(os.environ.get("GRAPHSHARD_GPU_TP", "2"))
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
@@ -114,3 +116,23 @@ def test_read_gives_every_step_its_own_records_at_once_or_one_step_late(gpu_repo
     result = _read_loop(cfg, 400)
     gpu_report("read_tp1", result)
     assert result["mismatches"] == 0 and result["read_late"] > 100, result
+
+
+@pytest.mark.parametrize("grid_for", [1, 1024])
+def test_publish_copies_every_record_to_the_host_before_the_done_word(grid_for):
+    """`HostRecords.publish` on the GPU, one program or twelve (1024 records of 46 words): the
+    host polls the done word without a stream wait and then finds all of the step's records."""
+    staging = Staging(max_num_reqs=1024, device=torch.device("cuda"))
+    records = torch.zeros(1024, 46, dtype=torch.int32, device="cuda")
+    host = HostRecords(records, staging, staging.views()[0])
+    idx = np.arange(1024, dtype=np.int32)
+    for step in range(40):
+        n = 1024 - 7 * step
+        staging.write(step, idx[:n], np.arange(n + 1, dtype=np.int32), idx[:n], False)
+        staging.fetch()
+        records.fill_(step + 1)
+        host.publish(grid_for)
+        while staging.finished() < step:
+            pass
+        rows = host.rows(step, n)
+        assert (rows == step + 1).all(), (step, np.unique(rows))
