@@ -52,6 +52,18 @@ def _publish_kernel(src_ptr, host_address_ptr, done_address_ptr, seq_ptr):
     tl.atomic_xchg(done, seq.to(tl.int64), sem="release", scope="sys")
 
 
+@triton.jit
+def _pull_kernel(host_address_ptr, dst_ptr, DEPENDENT: tl.constexpr):
+    """The chain's input read from pinned host memory by the kernel itself: one round trip over
+    the host link, or two when the first load decides where the second reads (as a fetch that
+    reads the step's count first would)."""
+    offs = tl.arange(0, 128)  # [ROWS * WIDTH]
+    src = tl.load(host_address_ptr).to(tl.pointer_type(tl.int32))
+    if DEPENDENT:
+        src += (tl.load(src) < -12345).to(tl.int32)  # 0, but its address waits for the load
+    tl.store(dst_ptr + offs, tl.load(src + offs))
+
+
 def chain(nodes: int, buf: torch.Tensor):
     def run():
         for i in range(nodes):
@@ -149,6 +161,31 @@ def main() -> None:
 
     rows.append(dict(case="nodes 4, last stores to pinned", read="pinned done word",
                      **loop_us(graph, spin_read, args.steps)))
+
+    # How the step's inputs get in: a copy node, or the first kernel reading pinned memory.
+    staged = torch.ones(ROWS * WIDTH, dtype=torch.int32, pin_memory=True)
+    staged_address = torch.tensor([staged.data_ptr()], dtype=torch.int64, device=dev)
+
+    def copy_in():
+        buf[0].copy_(staged, non_blocking=True)
+        with_publish()
+
+    def pull_in(dependent):
+        def run():
+            _pull_kernel[(1,)](staged_address, buf[0], DEPENDENT=dependent)
+            for i in range(2):
+                _link_kernel[(1,)](buf[i % 2], buf[(i + 1) % 2])
+            _publish_kernel[(1,)](buf[0], host_address, done_address, seq)
+        return run
+
+    for case, fn in (("copy node + nodes 4", copy_in),
+                     ("nodes 4, the first reads pinned", pull_in(False)),
+                     ("nodes 4, the first reads pinned twice", pull_in(True))):
+        graph = capture(fn)
+        torch.cuda.synchronize()
+        state["step"] = int(done_view[0])
+        rows.append(dict(case=case + ", last stores to pinned", read="pinned done word",
+                         **loop_us(graph, spin_read, args.steps)))
     for r in rows:
         print(f"{r['case']:>34} {r['read']:>22}: step {r['step_us']:6.1f} µs, "
               f"replay() {r['replay_call_us']:5.1f} µs", flush=True)
