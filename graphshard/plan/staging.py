@@ -26,6 +26,11 @@ the slot-table digest), so its kernels read them from device memory too. A
 row being rewritten while a step copies it is never the one that step takes.
 Measured on an H200 (benchmarks/profile_kernels.py): a fetch kernel reading the rows from host
 memory itself took ~31-33 µs per step whatever it read (each dependent host read is a round trip).
+A later measurement disagrees and is the next thing to try (BENCHMARKS.md, "The step's own copy
+to the host"): in `benchmarks/graph_read.py` a first kernel reading 512 bytes of pinned memory
+(one or two dependent round trips) added under 1 µs to a 15 µs loop where a copy node added 2.2,
+and in the engine's step the copy (3 µs) and the wait before the fetch kernel started (5.5-6.6
+µs) are the largest cost outside the sampler at batch 1.
 """
 
 from __future__ import annotations
