@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Every GPU test and the benchmark sweep in one call; results land under $OUT (default ./out).
-# Usage: bash benchmarks/run_gpu.sh [kernels|sampling|tests|reliability|divergence|bench|exchange|profile|host|anatomy|sweep|all]...
+# Usage: bash benchmarks/run_gpu.sh [kernels|sampling|tests|reliability|divergence|bench|exchange|profile|host|anatomy|timeline|sweep|all]...
 # (default: all; "kernels" runs the sampler tests compiled on one GPU, "sampling" the sampler
 # benchmark against the PyTorch sort sampler, "tests" runs tests/gpu except the long reliability
 # run and the divergence check's tests, "reliability" and "divergence" run those; the divergence
@@ -9,7 +9,8 @@
 # Comparing the sampler's kernel times with another commit: benchmarks/ab_kernels.sh.
 # Several trees at once (an ablation): benchmarks/ab_trees.sh.
 # Files: machine.txt, run.log (everything printed), sampling.json, bench.json, exchange.json,
-# gpu_report.jsonl, sweep/loop.{json,md,png}, sweep/auto.json.
+# gpu_report.jsonl, graph_read.json, variants.json, timeline.json, sweep/loop.{json,md,png},
+# sweep/auto.json.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 PYTHONUNBUFFERED=1
@@ -72,6 +73,12 @@ fi
 if want anatomy; then
   echo "== where a tp = 1 step's time goes" | tee -a "$log"
   timeout "$T_PROFILE" python3 -m benchmarks.step_anatomy --out "$OUT/anatomy.json" 2>&1 | tee -a "$log" || status=1
+fi
+if want timeline; then
+  echo "== the tp = 1 step: graph nodes and host reads, read paths in rounds, device timeline" | tee -a "$log"
+  timeout "$T_PROFILE" python3 -m benchmarks.graph_read --out "$OUT/graph_read.json" 2>&1 | tee -a "$log" || status=1
+  timeout "$T_SAMPLING" python3 -m benchmarks.step_variants --out "$OUT/variants.json" 2>&1 | tee -a "$log" || status=1
+  timeout "$T_SAMPLING" python3 -m benchmarks.step_timeline --out "$OUT/timeline.json" 2>&1 | tee -a "$log" || status=1
 fi
 if want sweep; then
   echo "== sweep" | tee -a "$log"
