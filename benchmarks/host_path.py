@@ -56,9 +56,9 @@ def _engine() -> Engine:
     for slot in range(cfg.max_num_slots):
         engine.add_request(slot, SamplingParams(temperature=0.0))
     # Routes as after capture, with the replay itself a no-op.
+    engine.graphs.replayer = lambda key: (lambda: None)
     engine._routes = [engine._route(n) for n in range(cfg.max_bucket + 1)]
     engine.captured = True
-    engine.graphs.replay = lambda key: None
     return engine
 
 
