@@ -11,6 +11,9 @@ spell of the host hits every variant alike.
 - `read`: `Engine.step`, then `Engine.read()` (the step's own copy to pinned memory);
 - `read_one_scan`: as `read`, with an engine whose sampler is built without bitmask support
   (one scan launch per step instead of two: what a graph per bitmask presence would save);
+- `read_host_fetch`: as `read`, with an engine whose step has no copy of the staging rows: its
+  fetch kernel reads the pinned rows itself (`fetch_from_host`; loads with ".cv"). A variant
+  to time, not the shipped step: the engine's tests have not run on it;
 - `sort_graph`: the PyTorch sort sampler captured in a graph, then `.cpu()` of its tokens.
 """
 
@@ -22,14 +25,44 @@ import time
 
 import numpy as np
 import torch
+import triton
+import triton.language as tl
 
 from benchmarks.sampling_modes import MODES, TorchSortSampler, make_logits
 from benchmarks.timing import captured
 from graphshard.config import Config
 from graphshard.engine import Engine
+from graphshard.plan.staging import fetch_row
+from graphshard.runtime.launch import launch
 from graphshard.sample.kernels import SamplerWorkspace, sample
 
 VOCAB = 152064
+FETCH_BLOCK = 1024
+
+
+@triton.jit
+def _fetch_from_host_kernel(address_ptr, meta_ptr, last_ptr, max_num_reqs, row_words64,
+                            BLOCK: tl.constexpr):
+    """The staging fetch kernel reading both pinned host rows themselves (their address in
+    `address_ptr`) instead of their device copy."""
+    rows = tl.load(address_ptr).to(tl.pointer_type(tl.int32))
+    fetch_row(rows, meta_ptr, last_ptr, max_num_reqs, row_words64, tl.program_id(0) * BLOCK,
+              tl.num_programs(0) * BLOCK, BLOCK, CACHE=".cv")
+
+
+def fetch_from_host(engine: Engine) -> None:
+    """Make `engine`'s step fetch its staged row straight from pinned host memory, with no copy
+    node before the fetch (call before `capture`)."""
+    staged = engine.inputs.staged
+    address = torch.tensor([staged.rows.data_ptr()], dtype=torch.int64, device=engine.device)
+    _, meta, last, max_num_reqs, row_words64 = staged.fetch_args()
+    grid = (triton.cdiv(staged.width, FETCH_BLOCK),)
+
+    def fetch() -> None:
+        launch(_fetch_from_host_kernel, grid, address, meta, last, max_num_reqs, row_words64,
+               BLOCK=FETCH_BLOCK)
+
+    staged.fetch = fetch
 
 
 def loop_median_us(step, steps: int) -> float:
@@ -55,7 +88,9 @@ def engines(batches, device) -> dict[str, Engine]:
     cfg = Config(vocab_size=VOCAB, max_num_reqs=max(batches), max_num_slots=max(batches),
                  buckets=tuple(sorted(batches)), graph_backend="cuda")
     built = {"shipped": Engine(cfg, device=device),
-             "one_scan": Engine(cfg, device=device, sampler=one_scan_sampler(cfg, device))}
+             "one_scan": Engine(cfg, device=device, sampler=one_scan_sampler(cfg, device)),
+             "host_fetch": Engine(cfg, device=device)}
+    fetch_from_host(built["host_fetch"])
     for engine in built.values():
         for slot in range(cfg.max_num_slots):
             engine.add_request(slot, MODES["greedy"])
@@ -89,6 +124,7 @@ def measure(modes, batches, rounds: int, steps: int, device) -> list[dict]:
             graph, tokens = captured(base.step)
             variants = {"cpu": by_cpu, "read": by_read(built["shipped"]),
                         "read_one_scan": by_read(built["one_scan"]),
+                        "read_host_fetch": by_read(built["host_fetch"]),
                         "sort_graph": lambda: (graph.replay(), tokens.cpu())}
             for fn in variants.values():
                 for _ in range(20):
@@ -98,7 +134,10 @@ def measure(modes, batches, rounds: int, steps: int, device) -> list[dict]:
                 for name, fn in variants.items():
                     torch.cuda.synchronize()
                     per_round[name].append(loop_median_us(fn, steps))
-            row = {"mode": mode, "batch": n}
+            # The variants step the same batch: their records must agree.
+            row = {"mode": mode, "batch": n, "records_agree": all(
+                np.array_equal(e.read().records, built["shipped"].read().records)
+                for e in built.values())}
             for name, values in per_round.items():
                 row[f"{name}_us"] = float(np.median(values))
                 row[f"{name}_min_us"] = float(np.min(values))

@@ -61,15 +61,17 @@ def row_width(max_num_reqs: int) -> int:
 
 @triton.jit
 def fetch_row(rows_ptr, meta_ptr, last_ptr, max_num_reqs, row_words64, first, stride,
-              BLOCK: tl.constexpr):
+              BLOCK: tl.constexpr, CACHE: tl.constexpr = ""):
     """This step's staged row into `meta`, blocks `first, first + stride, ...` of its packed
     words (the step's first kernel, or its part of a fused first kernel). `rows_ptr` is the
-    device copy of both host rows (`Staging.pull`)."""
+    device copy of both host rows (`Staging.pull`); CACHE is the cache modifier of the loads
+    from it (".cv" where `rows_ptr` is the pinned host rows themselves: a line cached by an
+    earlier step would be stale)."""
     heads = rows_ptr.to(tl.pointer_type(tl.int64))
-    seq_a = tl.load(heads)
-    head_a = tl.load(heads + 1)
-    seq_b = tl.load(heads + row_words64)
-    head_b = tl.load(heads + row_words64 + 1)
+    seq_a = tl.load(heads, cache_modifier=CACHE)
+    head_a = tl.load(heads + 1, cache_modifier=CACHE)
+    seq_b = tl.load(heads + row_words64, cache_modifier=CACHE)
+    head_b = tl.load(heads + row_words64 + 1, cache_modifier=CACHE)
     last = tl.load(last_ptr)
     new_a = seq_a > last
     new_b = seq_b > last
@@ -84,8 +86,8 @@ def fetch_row(rows_ptr, meta_ptr, last_ptr, max_num_reqs, row_words64, first, st
     tl.store(meta64, seq)
     tl.store(meta_ptr + 2, n)
     tl.store(meta_ptr + 3, (head >> 32).to(tl.int32))
-    tl.store(meta64 + 2, tl.load(heads + taken + 2))
-    tl.store(meta64 + 3, tl.load(heads + taken + 3))
+    tl.store(meta64 + 2, tl.load(heads + taken + 2, cache_modifier=CACHE))
+    tl.store(meta64 + 3, tl.load(heads + taken + 3, cache_modifier=CACHE))
     # The 3n + 1 words the step uses, packed [idx n | cu n+1 | lens n], spread into meta's
     # fixed layout [idx N | cu N+1 | lens N].
     used = 3 * n + 1
@@ -93,7 +95,7 @@ def fetch_row(rows_ptr, meta_ptr, last_ptr, max_num_reqs, row_words64, first, st
     while start < used:
         offs = start + tl.arange(0, BLOCK)
         live = offs < used
-        v = tl.load(words + offs, mask=live, other=0)
+        v = tl.load(words + offs, mask=live, other=0, cache_modifier=CACHE)
         tl.store(meta_ptr + _HEADER + meta_offset(offs, n, max_num_reqs), v, mask=live)
         start += stride
 
