@@ -25,18 +25,19 @@ from graphshard.plan.staging import Staging
 from graphshard.runtime.launch import launch
 
 _BLOCK = 1024
-# Words one publish program copies at most: a single program stored ~190 KB (batch 1024, 20
-# logprobs) in ~25 µs on an H200 (BENCHMARKS.md); host stores go faster from several SMs.
+# Words one publish program copies at most: on an H200 one program stored 1024 records of 46
+# words (batch 1024, 20 logprobs) in 17.8 µs, twelve programs in 7.9 (BENCHMARKS.md).
 _WORDS_PER_PROGRAM = 4096
 
 
 @triton.jit
 def _publish_kernel(records_ptr, num_reqs_ptr, host_address_ptr, done_address_ptr, meta_seq_ptr,
                     last_ptr, arrivals_ptr, WIDTH: tl.constexpr, SLOT: tl.constexpr,
-                    BLOCK: tl.constexpr):
+                    BLOCK: tl.constexpr, SHARED: tl.constexpr):
     """The first num_reqs records [n, WIDTH] into the host slot of this step's parity (SLOT words
-    each), BLOCK words per program and pass; then the last program to finish its part stores the
-    step's number into `last` and the done word (`staging.signal_done`'s stores)."""
+    each), BLOCK words per program and pass; then the last program to finish its part (with
+    SHARED, several programs; else the one) stores the step's number into `last` and the done
+    word (`staging.signal_done`'s stores)."""
     n = tl.load(num_reqs_ptr)
     seq = tl.load(meta_seq_ptr)
     host = tl.load(host_address_ptr).to(tl.pointer_type(tl.int32)) + (seq & 1) * SLOT
@@ -48,9 +49,13 @@ def _publish_kernel(records_ptr, num_reqs_ptr, host_address_ptr, done_address_pt
         tl.store(host + at, tl.load(records_ptr + at, mask=at < words), mask=at < words)
         start += tl.num_programs(0) * BLOCK
     # Every thread's stores before the arrival; releases and acquires at system scope, so the
-    # host that sees the done word sees every program's stores.
+    # host that sees the done word sees every program's stores. One program (small batches)
+    # needs no arrival: the release of the done word orders its own stores.
     tl.debug_barrier()
-    last = tl.atomic_add(arrivals_ptr, 1, sem="acq_rel", scope="sys") == tl.num_programs(0) - 1
+    last = True
+    if SHARED:
+        last = tl.atomic_add(arrivals_ptr, 1, sem="acq_rel", scope="sys") == \
+            tl.num_programs(0) - 1
     if last:
         tl.store(arrivals_ptr, 0)  # for the next step, which runs after this kernel
         tl.store(last_ptr, seq)
@@ -85,7 +90,7 @@ class HostRecords:
         grid = (max(1, triton.cdiv(words, _WORDS_PER_PROGRAM)),)
         launch(_publish_kernel, grid, self.records, self.num_reqs, self._address,
                *self.staged.done_args(), self._arrivals, WIDTH=self._width,
-               SLOT=self._slot_words, BLOCK=_BLOCK)
+               SLOT=self._slot_words, BLOCK=_BLOCK, SHARED=grid[0] > 1)
 
     def rows(self, step: int, n: int) -> np.ndarray:
         """A copy of step `step`'s first n records (the caller made sure it finished)."""
