@@ -114,7 +114,19 @@ def report() -> list[dict]:
                              dict(TP_SIZE=2, TP_RANK=1, PADDED_NUM_REQS=1024,
                                   PADDED_NUM_LOGITS_PER_REQ=4, HAS_DRAFTS=True), 8, tmp))
         rows += _divergence_kernels(tmp)
+        rows += _publish_kernels(tmp)
     return rows
+
+
+def _publish_kernels(tmp: str) -> list[dict]:
+    """The tp = 1 step's last kernel, with one program and with an arrival over several."""
+    from graphshard.engine.readout import _publish_kernel
+
+    args = {n: "*i64" for n in inspect.signature(_publish_kernel.fn).parameters}
+    args.update(records_ptr="*i32", num_reqs_ptr="*i32", arrivals_ptr="*i32")
+    return [dict(_compile(_publish_kernel, args, dict(WIDTH=46, SLOT=47104, BLOCK=1024,
+                                                      SHARED=shared), 4, tmp), shared=shared)
+            for shared in (False, True)]
 
 
 def _divergence_kernels(tmp: str) -> list[dict]:
@@ -164,7 +176,7 @@ def test_kernels_compile_for_sm90_and_the_scan_does_not_spill():
     rows = json.loads(done.stdout.splitlines()[-1])
     assert {r["kernel"] for r in rows} == {"_scan_kernel", "_finish_kernel", "_plan_kernel",
                                            "_seal_kernel", "_judge_kernel", "_push_rows_kernel",
-                                           "_push_records_kernel"}
+                                           "_push_records_kernel", "_publish_kernel"}
     for r in rows:
         assert r["spill_bytes"] == 0 or r["kernel"] != "_scan_kernel", r
         if r["kernel"] == "_scan_kernel" and not r["bitmask"]:
