@@ -38,8 +38,6 @@ class Route:
     def replay_for(self, idx: np.ndarray, cu: np.ndarray, tp_size: int,
                    one_row: bool) -> Callable[[], None]:
         """The replay of the graph this batch takes: the one graph, or its tier's."""
-        if self.replay is not None:
-            return self.replay
         return self.replays[self._tier(idx, cu, tp_size, one_row)]
 
     def _tier(self, idx, cu, tp_size: int, one_row: bool) -> int:
