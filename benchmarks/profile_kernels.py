@@ -25,19 +25,24 @@ from graphshard.engine import Engine
 CALLS = 20
 
 
-def kernel_us(fn, calls: int = CALLS) -> dict[str, float]:
-    """Mean device µs per call of each kernel `fn` launches (after two warm-up calls)."""
-    for _ in range(2):
+def device_events(fn, calls: int, warmup: int = 2) -> list:
+    """The device operations (CUPTI, torch.profiler events) of `calls` calls of `fn`, after
+    `warmup` calls outside the profile."""
+    for _ in range(warmup):
         fn()
     torch.cuda.synchronize()
     with profile(activities=[ProfilerActivity.CUDA]) as prof:
         for _ in range(calls):
             fn()
         torch.cuda.synchronize()
+    return [e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
+
+
+def kernel_us(fn, calls: int = CALLS) -> dict[str, float]:
+    """Mean device µs per call of each kernel `fn` launches (after two warm-up calls)."""
     total = defaultdict(float)
-    for event in prof.events():
-        if event.device_type == torch.autograd.DeviceType.CUDA:
-            total[event.name] += event.device_time
+    for event in device_events(fn, calls):
+        total[event.name] += event.device_time
     return {name: t / calls for name, t in sorted(total.items(), key=lambda kv: -kv[1])}
 
 

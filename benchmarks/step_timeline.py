@@ -20,8 +20,8 @@ import json
 
 import numpy as np
 import torch
-from torch.profiler import ProfilerActivity, profile
 
+from benchmarks.profile_kernels import device_events
 from benchmarks.sampling_modes import MAX_LOGPROBS, MODES, make_logits
 from graphshard.config import Config
 from graphshard.engine import Engine
@@ -31,15 +31,8 @@ BUCKETS = (1, 32, 256, 1024)
 
 def device_ops(fn, steps: int) -> list[tuple[str, float, float]]:
     """(name, start µs, end µs) of every device operation of `steps` calls of `fn`, in order."""
-    for _ in range(20):
-        fn()
-    torch.cuda.synchronize()
-    with profile(activities=[ProfilerActivity.CUDA]) as prof:
-        for _ in range(steps):
-            fn()
-        torch.cuda.synchronize()
-    ops = [(e.name, e.time_range.start, e.time_range.end) for e in prof.events()
-           if e.device_type == torch.autograd.DeviceType.CUDA]
+    ops = [(e.name, e.time_range.start, e.time_range.end)
+           for e in device_events(fn, steps, warmup=20)]
     return sorted(ops, key=lambda op: op[1])
 
 
