@@ -25,6 +25,20 @@ CFG = Config(vocab_size=32000, max_num_reqs=64, max_num_slots=128, buckets=(1, 8
              graph_backend="cuda", timeout_s=30.0)
 
 
+def _random_step(engine, cfg, rng, gen, lo, hi):
+    """Issue one step of a random batch (size and slots from `rng`) whose rows each hold one
+    logit far above the rest; this rank's columns are lo..hi. -> (the step's output, n, the
+    tokens it must sample: the rows' argmax, on the device, read later)."""
+    n = int(rng.integers(1, cfg.max_num_reqs + 1))
+    idx = rng.choice(cfg.max_num_slots, n, replace=False).astype(np.int32)
+    full = torch.randn(n, engine.vocab, generator=gen, device="cuda")
+    full.scatter_(1, torch.randint(0, cfg.vocab_size, (n, 1), generator=gen, device="cuda"), 64.0)
+    static = engine.inputs.logits[:n]
+    static.copy_(full[:, lo:hi])  # stream-ordered after the step in flight
+    out = engine.step(idx, np.arange(n + 1, dtype=np.int32), np.full(n, 9, np.int32), static)
+    return out, n, full[:, :cfg.vocab_size].argmax(dim=1).int()
+
+
 def _one_step_late(rank, world, cfg, steps):
     engine = Engine(cfg)
     engine.capture()
@@ -35,19 +49,12 @@ def _one_step_late(rank, world, cfg, steps):
     lo, hi = rank * engine.vocab_shard, (rank + 1) * engine.vocab_shard
     pending, mismatches, most_in_flight = None, 0, 0
     for k in range(steps):
-        n = int(rng.integers(1, cfg.max_num_reqs + 1))
-        idx = rng.choice(cfg.max_num_slots, n, replace=False).astype(np.int32)
-        full = torch.randn(n, engine.vocab, generator=gen, device="cuda")
-        full.scatter_(1, torch.randint(0, cfg.vocab_size, (n, 1), generator=gen, device="cuda"), 64.0)
-        static = engine.inputs.logits[:n]
-        static.copy_(full[:, lo:hi])  # stream-ordered after the step in flight
-        out = engine.step(idx, np.arange(n + 1, dtype=np.int32), np.full(n, 9, np.int32), static)
+        out, n, want = _random_step(engine, cfg, rng, gen, lo, hi)
         most_in_flight = max(most_in_flight, k - engine.inputs.staged.finished())
         host = torch.empty(n, dtype=torch.int32, pin_memory=True)
         host.copy_(out.sampled_token_ids[:, 0], non_blocking=True)
         done = torch.cuda.Event()
         done.record()
-        want = full[:, :cfg.vocab_size].argmax(dim=1).int()  # on the device, read later
         if pending is not None:
             prev_host, prev_done, prev_want = pending
             prev_done.synchronize()
@@ -86,14 +93,7 @@ def _read_loop(cfg, steps):
     gen = torch.Generator("cuda").manual_seed(7)
     late, mismatches, pending = 0, 0, None
     for k in range(steps):
-        n = int(rng.integers(1, cfg.max_num_reqs + 1))
-        idx = rng.choice(cfg.max_num_slots, n, replace=False).astype(np.int32)
-        full = torch.randn(n, engine.vocab, generator=gen, device="cuda")
-        full.scatter_(1, torch.randint(0, cfg.vocab_size, (n, 1), generator=gen, device="cuda"), 64.0)
-        static = engine.inputs.logits[:n]
-        static.copy_(full)
-        out = engine.step(idx, np.arange(n + 1, dtype=np.int32), np.full(n, 9, np.int32), static)
-        want = full[:, :cfg.vocab_size].argmax(dim=1).int()
+        out, n, want = _random_step(engine, cfg, rng, gen, 0, engine.vocab)
         if pending is not None:  # step k - 1, read while step k may still run
             prev_want, prev_n = pending
             got = engine.read(k - 1)
