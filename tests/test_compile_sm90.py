@@ -115,7 +115,18 @@ def report() -> list[dict]:
                                   PADDED_NUM_LOGITS_PER_REQ=4, HAS_DRAFTS=True), 8, tmp))
         rows += _divergence_kernels(tmp)
         rows += _publish_kernels(tmp)
+        rows.append(_fetch_kernel(tmp))
     return rows
+
+
+def _fetch_kernel(tmp: str) -> dict:
+    """The tp = 1 step's first kernel (the interpreter accepts calls that the compiler refuses,
+    such as a jit function's string constexpr left to its default)."""
+    from graphshard.plan.staging import _fetch_kernel
+
+    return _compile(_fetch_kernel, dict(rows_ptr="*i32", meta_ptr="*i32", last_ptr="*i64",
+                                        max_num_reqs="i32", row_words64="i32"),
+                    dict(BLOCK=1024), 4, tmp)
 
 
 def _publish_kernels(tmp: str) -> list[dict]:
@@ -176,7 +187,8 @@ def test_kernels_compile_for_sm90_and_the_scan_does_not_spill():
     rows = json.loads(done.stdout.splitlines()[-1])
     assert {r["kernel"] for r in rows} == {"_scan_kernel", "_finish_kernel", "_plan_kernel",
                                            "_seal_kernel", "_judge_kernel", "_push_rows_kernel",
-                                           "_push_records_kernel", "_publish_kernel"}
+                                           "_push_records_kernel", "_publish_kernel",
+                                           "_fetch_kernel"}
     for r in rows:
         assert r["spill_bytes"] == 0 or r["kernel"] != "_scan_kernel", r
         if r["kernel"] == "_scan_kernel" and not r["bitmask"]:

@@ -61,7 +61,7 @@ def row_width(max_num_reqs: int) -> int:
 
 @triton.jit
 def fetch_row(rows_ptr, meta_ptr, last_ptr, max_num_reqs, row_words64, first, stride,
-              BLOCK: tl.constexpr, CACHE: tl.constexpr = ""):
+              BLOCK: tl.constexpr, CACHE: tl.constexpr):
     """This step's staged row into `meta`, blocks `first, first + stride, ...` of its packed
     words (the step's first kernel, or its part of a fused first kernel). `rows_ptr` is the
     device copy of both host rows (`Staging.pull`); CACHE is the cache modifier of the loads
@@ -113,7 +113,7 @@ def meta_offset(offs, n, max_num_reqs):
 def _fetch_kernel(rows_ptr, meta_ptr, last_ptr, max_num_reqs, row_words64,
                   BLOCK: tl.constexpr):
     fetch_row(rows_ptr, meta_ptr, last_ptr, max_num_reqs, row_words64,
-              tl.program_id(0) * BLOCK, tl.num_programs(0) * BLOCK, BLOCK)
+              tl.program_id(0) * BLOCK, tl.num_programs(0) * BLOCK, BLOCK, "")
 
 
 @triton.jit
