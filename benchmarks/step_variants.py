@@ -11,10 +11,9 @@ spell of the host hits every variant alike.
 - `read`: `Engine.step`, then `Engine.read()` (the step's own copy to pinned memory);
 - `read_one_scan`: as `read`, with an engine whose sampler is built without bitmask support
   (one scan launch per step instead of two: what a graph per bitmask presence would save);
-- `read_host_fetch`: as `read`, with an engine whose step has no copy of the staging rows: its
-  fetch kernel reads the pinned rows itself (`fetch_from_host`; loads with ".cv"). A variant
-  to time, not the shipped step: the engine's tests have not run on it;
 - `sort_graph`: the PyTorch sort sampler captured in a graph, then `.cpu()` of its tokens.
+A variant whose fetch kernel read the pinned staging rows itself (no copy node) timed the same
+as `read` and was dropped (BENCHMARKS.md).
 """
 
 from __future__ import annotations
@@ -25,44 +24,14 @@ import time
 
 import numpy as np
 import torch
-import triton
-import triton.language as tl
 
 from benchmarks.sampling_modes import MODES, TorchSortSampler, make_logits
 from benchmarks.timing import captured
 from graphshard.config import Config
 from graphshard.engine import Engine
-from graphshard.plan.staging import fetch_row
-from graphshard.runtime.launch import launch
 from graphshard.sample.kernels import SamplerWorkspace, sample
 
 VOCAB = 152064
-FETCH_BLOCK = 1024
-
-
-@triton.jit
-def _fetch_from_host_kernel(address_ptr, meta_ptr, last_ptr, max_num_reqs, row_words64,
-                            BLOCK: tl.constexpr):
-    """The staging fetch kernel reading both pinned host rows themselves (their address in
-    `address_ptr`) instead of their device copy."""
-    rows = tl.load(address_ptr).to(tl.pointer_type(tl.int32))
-    fetch_row(rows, meta_ptr, last_ptr, max_num_reqs, row_words64, tl.program_id(0) * BLOCK,
-              tl.num_programs(0) * BLOCK, BLOCK, CACHE=".cv")
-
-
-def fetch_from_host(engine: Engine) -> None:
-    """Make `engine`'s step fetch its staged row straight from pinned host memory, with no copy
-    node before the fetch (call before `capture`)."""
-    staged = engine.inputs.staged
-    address = torch.tensor([staged.rows.data_ptr()], dtype=torch.int64, device=engine.device)
-    _, meta, last, max_num_reqs, row_words64 = staged.fetch_args()
-    grid = (triton.cdiv(staged.width, FETCH_BLOCK),)
-
-    def fetch() -> None:
-        launch(_fetch_from_host_kernel, grid, address, meta, last, max_num_reqs, row_words64,
-               BLOCK=FETCH_BLOCK)
-
-    staged.fetch = fetch
 
 
 def loop_median_us(step, steps: int) -> float:
@@ -88,9 +57,7 @@ def engines(batches, device) -> dict[str, Engine]:
     cfg = Config(vocab_size=VOCAB, max_num_reqs=max(batches), max_num_slots=max(batches),
                  buckets=tuple(sorted(batches)), graph_backend="cuda")
     built = {"shipped": Engine(cfg, device=device),
-             "one_scan": Engine(cfg, device=device, sampler=one_scan_sampler(cfg, device)),
-             "host_fetch": Engine(cfg, device=device)}
-    fetch_from_host(built["host_fetch"])
+             "one_scan": Engine(cfg, device=device, sampler=one_scan_sampler(cfg, device))}
     for engine in built.values():
         for slot in range(cfg.max_num_slots):
             engine.add_request(slot, MODES["greedy"])
@@ -124,7 +91,6 @@ def measure(modes, batches, rounds: int, steps: int, device) -> list[dict]:
             graph, tokens = captured(base.step)
             variants = {"cpu": by_cpu, "read": by_read(built["shipped"]),
                         "read_one_scan": by_read(built["one_scan"]),
-                        "read_host_fetch": by_read(built["host_fetch"]),
                         "sort_graph": lambda: (graph.replay(), tokens.cpu())}
             for fn in variants.values():
                 for _ in range(20):

@@ -176,7 +176,7 @@ def _fetch_plan_kernel(
 ):
     rows_ptr, meta_ptr, last_ptr, staged_max_reqs, row_words64 = staged
     fetch_row(rows_ptr, meta_ptr, last_ptr, staged_max_reqs, row_words64, 0, FETCH_BLOCK,
-              FETCH_BLOCK, "")
+              FETCH_BLOCK)
     # The plan reads meta words other threads of this program just stored: a block-wide
     # barrier orders those global stores before its loads.
     tl.debug_barrier()

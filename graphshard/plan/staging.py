@@ -24,13 +24,11 @@ step's kernels read. The digest words are the divergence check's (`graphshard.en
 the host's flags for the inputs word, whose hash the device adds from the fetched arrays, and
 the slot-table digest), so its kernels read them from device memory too. A
 row being rewritten while a step copies it is never the one that step takes.
-Measured on an H200 (benchmarks/profile_kernels.py): a fetch kernel reading the rows from host
-memory itself took ~31-33 µs per step whatever it read (each dependent host read is a round trip).
-A later measurement disagrees and is the next thing to try (BENCHMARKS.md, "The step's own copy
-to the host"): in `benchmarks/graph_read.py` a first kernel reading 512 bytes of pinned memory
-(one or two dependent round trips) added under 1 µs to a 15 µs loop where a copy node added 2.2,
-and in the engine's step the copy (3 µs) and the wait before the fetch kernel started (5.5-6.6
-µs) are the largest cost outside the sampler at batch 1.
+Why a copy node and not a kernel reading host memory, measured on an H200: an early fetch
+kernel that read the rows with volatile scalar loads took ~31-33 µs per step
+(benchmarks/profile_kernels.py); a later fetch reading them with block loads (".cv") timed the
+same as the copy and its kernel (41.3 against 41.7 µs per step, top-k + top-p at batch 1; 34.7
+against 34.2, greedy at batch 32; BENCHMARKS.md, "The step's own copy to the host"), so the copy stays.
 """
 
 from __future__ import annotations
@@ -61,17 +59,15 @@ def row_width(max_num_reqs: int) -> int:
 
 @triton.jit
 def fetch_row(rows_ptr, meta_ptr, last_ptr, max_num_reqs, row_words64, first, stride,
-              BLOCK: tl.constexpr, CACHE: tl.constexpr):
+              BLOCK: tl.constexpr):
     """This step's staged row into `meta`, blocks `first, first + stride, ...` of its packed
     words (the step's first kernel, or its part of a fused first kernel). `rows_ptr` is the
-    device copy of both host rows (`Staging.pull`); CACHE is the cache modifier of the loads
-    from it (".cv" where `rows_ptr` is the pinned host rows themselves: a line cached by an
-    earlier step would be stale)."""
+    device copy of both host rows (`Staging.pull`)."""
     heads = rows_ptr.to(tl.pointer_type(tl.int64))
-    seq_a = tl.load(heads, cache_modifier=CACHE)
-    head_a = tl.load(heads + 1, cache_modifier=CACHE)
-    seq_b = tl.load(heads + row_words64, cache_modifier=CACHE)
-    head_b = tl.load(heads + row_words64 + 1, cache_modifier=CACHE)
+    seq_a = tl.load(heads)
+    head_a = tl.load(heads + 1)
+    seq_b = tl.load(heads + row_words64)
+    head_b = tl.load(heads + row_words64 + 1)
     last = tl.load(last_ptr)
     new_a = seq_a > last
     new_b = seq_b > last
@@ -86,8 +82,8 @@ def fetch_row(rows_ptr, meta_ptr, last_ptr, max_num_reqs, row_words64, first, st
     tl.store(meta64, seq)
     tl.store(meta_ptr + 2, n)
     tl.store(meta_ptr + 3, (head >> 32).to(tl.int32))
-    tl.store(meta64 + 2, tl.load(heads + taken + 2, cache_modifier=CACHE))
-    tl.store(meta64 + 3, tl.load(heads + taken + 3, cache_modifier=CACHE))
+    tl.store(meta64 + 2, tl.load(heads + taken + 2))
+    tl.store(meta64 + 3, tl.load(heads + taken + 3))
     # The 3n + 1 words the step uses, packed [idx n | cu n+1 | lens n], spread into meta's
     # fixed layout [idx N | cu N+1 | lens N].
     used = 3 * n + 1
@@ -95,7 +91,7 @@ def fetch_row(rows_ptr, meta_ptr, last_ptr, max_num_reqs, row_words64, first, st
     while start < used:
         offs = start + tl.arange(0, BLOCK)
         live = offs < used
-        v = tl.load(words + offs, mask=live, other=0, cache_modifier=CACHE)
+        v = tl.load(words + offs, mask=live, other=0)
         tl.store(meta_ptr + _HEADER + meta_offset(offs, n, max_num_reqs), v, mask=live)
         start += stride
 
@@ -113,7 +109,7 @@ def meta_offset(offs, n, max_num_reqs):
 def _fetch_kernel(rows_ptr, meta_ptr, last_ptr, max_num_reqs, row_words64,
                   BLOCK: tl.constexpr):
     fetch_row(rows_ptr, meta_ptr, last_ptr, max_num_reqs, row_words64,
-              tl.program_id(0) * BLOCK, tl.num_programs(0) * BLOCK, BLOCK, "")
+              tl.program_id(0) * BLOCK, tl.num_programs(0) * BLOCK, BLOCK)
 
 
 @triton.jit
