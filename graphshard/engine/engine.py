@@ -30,7 +30,7 @@ from graphshard.engine.readout import HostRecords
 from graphshard.sample.params import SamplingParams, SlotTables
 from graphshard.plan.kernel import fetch_and_plan
 from graphshard.plan.layout import PlanBuffers
-from graphshard.sample.records import HostOutput, RecordLayout, SamplerOutput, unpack, unpack_host
+from graphshard.sample.records import HostOutput, RecordLayout, SamplerOutput, unpack
 from graphshard.engine.rendezvous import Rendezvous
 from graphshard.engine.routes import Route, eager_key, keys_for
 from graphshard.sample.kernels import SamplerWorkspace, bitmask_words, sample
@@ -560,6 +560,19 @@ class Engine:
         issued before `capture()` cannot be read afterwards (the capture reran placeholder
         batches over them)."""
         last = self.steps - 1
+        if step is None and last >= self._first_readable:
+            step = last  # the common call: the last issued step, readable
+        else:
+            step = self._readable(step, last)
+        self.faults.drain(step)
+        self.raise_if_failed(step)
+        n = self._sizes[step & 1]
+        if self.host_records is not None:
+            return HostOutput(self.host_records.rows(step, n), self.layout)
+        return unpack(self.records[:n], self.layout).to_host()
+
+    def _readable(self, step, last: int) -> int:
+        """`step` (None: `last`) as an int if `read` may read it now, else raise ValueError."""
         step = last if step is None else step
         oldest = max(last - 1 if self.host_records is not None else last, self._first_readable)
         if isinstance(step, bool) or not isinstance(step, (int, np.integer)) \
@@ -568,13 +581,7 @@ class Engine:
                 (f"step {last}" if oldest == last else f"steps {oldest}..{last}")
             raise ValueError(f"read(step={step!r}): {readable} can be read now (the last issued "
                              f"step{'' if self.host_records is None else ' and the one before'})")
-        step = int(step)
-        self.faults.drain(step)
-        self.raise_if_failed(step)
-        n = self._sizes[step & 1]
-        if self.host_records is not None:
-            return unpack_host(self.host_records.rows(step, n), self.layout)
-        return unpack(self.records[:n], self.layout).to_host()
+        return int(step)
 
     # -- faults -----------------------------------------------------------------------------------
     def raise_if_failed(self, step: int | None = None) -> None:
