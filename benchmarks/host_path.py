@@ -4,7 +4,8 @@ check's digest and verdict read, the whole call.
 Usage: python3 -m benchmarks.host_path [--calls 20000]
 Runs on any machine (tp = 1, CPU tensors): the graph replay is replaced by a no-op and the fault
 guard's CUDA path is driven with a done word that says every step finished, so the numbers are
-host code only: what `step()` costs on top of the replay and the device. Median ns per call.
+host code only: what `step()` (and a loop's `read()`) costs on top of the replay and the
+device. Median ns per call.
 """
 
 from __future__ import annotations
@@ -117,6 +118,11 @@ def measure(calls: int) -> list[dict]:
         row["divergence digest + verdict"] = per_call_ns(_divergence_step(check, guard), calls)
         row["step minus replay"] = per_call_ns(lambda: engine.step(a, cu, lens, x), calls // 4)
         row["step minus replay, new slots"] = per_call_ns(changed_step, calls // 4)
+        # A decode loop's whole host turn: the logits view, the step, the read of its results.
+        row["loop: view, step, read"] = per_call_ns(
+            lambda: (engine.step(a, cu, lens, engine.inputs.logits[:n]), engine.read()), calls // 4)
+        row["loop: step(logits=None), read"] = per_call_ns(
+            lambda: (engine.step(a, cu, lens, None), engine.read()), calls // 4)
         rows.append(row)
     guard.close()
     return rows

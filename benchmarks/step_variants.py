@@ -9,11 +9,12 @@ variant's figure is the median over rounds of its loop medians (and the smallest
 spell of the host hits every variant alike.
 - `cpu`: `Engine.step`, then `sampled_token_ids.cpu()` and `raise_if_failed()`;
 - `read`: `Engine.step`, then `Engine.read()` (the step's own copy to pinned memory);
-- `read_one_scan`: as `read`, with an engine whose sampler is built without bitmask support
-  (one scan launch per step instead of two: what a graph per bitmask presence would save);
+- `read_in_place`: as `read`, passing `logits=None` (the logits are already in
+  `inputs.logits`) instead of the view `inputs.logits[:n]`;
 - `sort_graph`: the PyTorch sort sampler captured in a graph, then `.cpu()` of its tokens.
-A variant whose fetch kernel read the pinned staging rows itself (no copy node) timed the same
-as `read` and was dropped (BENCHMARKS.md).
+Two variants timed in earlier runs were dropped (BENCHMARKS.md): a sampler without bitmask
+support (one scan launch a step instead of two, 0-2 µs) and a fetch kernel reading the pinned
+staging rows itself (no copy node; the same as `read`).
 """
 
 from __future__ import annotations
@@ -29,7 +30,6 @@ from benchmarks.sampling_modes import MODES, TorchSortSampler, make_logits
 from benchmarks.timing import captured
 from graphshard.config import Config
 from graphshard.engine import Engine
-from graphshard.sample.kernels import SamplerWorkspace, sample
 
 VOCAB = 152064
 
@@ -42,55 +42,43 @@ def loop_median_us(step, steps: int) -> float:
     return float(np.median(np.diff(marks))) * 1e6
 
 
-def one_scan_sampler(cfg: Config, device):
-    """The built-in sampler without bitmask support, with a workspace of its own."""
-    workspace = SamplerWorkspace.allocate(cfg.max_num_reqs, cfg.max_num_logits_per_req,
-                                          cfg.vocab_size, device)
-
-    def run(logits, *, bitmask=None, bitmask_rows=None, bitmask_enabled=None, **kwargs):
-        sample(logits, workspace=workspace, **kwargs)
-
-    return run
-
-
-def engines(batches, device) -> dict[str, Engine]:
+def build(batches, device) -> Engine:
     cfg = Config(vocab_size=VOCAB, max_num_reqs=max(batches), max_num_slots=max(batches),
                  buckets=tuple(sorted(batches)), graph_backend="cuda")
-    built = {"shipped": Engine(cfg, device=device),
-             "one_scan": Engine(cfg, device=device, sampler=one_scan_sampler(cfg, device))}
-    for engine in built.values():
-        for slot in range(cfg.max_num_slots):
-            engine.add_request(slot, MODES["greedy"])
-        engine.capture()
-    return built
+    engine = Engine(cfg, device=device)
+    for slot in range(cfg.max_num_slots):
+        engine.add_request(slot, MODES["greedy"])
+    engine.capture()
+    return engine
 
 
 def measure(modes, batches, rounds: int, steps: int, device) -> list[dict]:
-    built = engines(batches, device)
-    logits = make_logits(max(batches), built["shipped"].vocab, torch.float32, device)
-    for engine in built.values():
-        engine.inputs.logits[:max(batches)].copy_(logits)
+    engine = build(batches, device)
+    logits = make_logits(max(batches), engine.vocab, torch.float32, device)
+    engine.inputs.logits[:max(batches)].copy_(logits)
     rows = []
     for mode in modes:
-        for engine in built.values():
-            for slot in range(max(batches)):
-                engine.add_request(slot, MODES[mode], replace=True)
+        for slot in range(max(batches)):
+            engine.add_request(slot, MODES[mode], replace=True)
         for n in batches:
             idx = np.arange(n, dtype=np.int32)
             cu, lens = np.arange(n + 1, dtype=np.int32), np.full(n, 100, np.int32)
 
-            def by_cpu(engine=built["shipped"]):
+            def by_cpu():
                 engine.step(idx, cu, lens, engine.inputs.logits[:n]).sampled_token_ids.cpu()
                 engine.raise_if_failed()
 
-            def by_read(engine):
-                return lambda: (engine.step(idx, cu, lens, engine.inputs.logits[:n]),
-                                engine.read())
+            def by_read():
+                engine.step(idx, cu, lens, engine.inputs.logits[:n])
+                return engine.read()
+
+            def in_place():
+                engine.step(idx, cu, lens, None)
+                return engine.read()
 
             base = TorchSortSampler(MODES[mode], logits[:n, :VOCAB])
             graph, tokens = captured(base.step)
-            variants = {"cpu": by_cpu, "read": by_read(built["shipped"]),
-                        "read_one_scan": by_read(built["one_scan"]),
+            variants = {"cpu": by_cpu, "read": by_read, "read_in_place": in_place,
                         "sort_graph": lambda: (graph.replay(), tokens.cpu())}
             for fn in variants.values():
                 for _ in range(20):
@@ -100,18 +88,16 @@ def measure(modes, batches, rounds: int, steps: int, device) -> list[dict]:
                 for name, fn in variants.items():
                     torch.cuda.synchronize()
                     per_round[name].append(loop_median_us(fn, steps))
-            # The variants step the same batch: their records must agree.
-            row = {"mode": mode, "batch": n, "records_agree": all(
-                np.array_equal(e.read().records, built["shipped"].read().records)
-                for e in built.values())}
+            # The same batch and positions every step: both ways of passing the logits agree.
+            row = {"mode": mode, "batch": n,
+                   "records_agree": bool(np.array_equal(by_read().records, in_place().records))}
             for name, values in per_round.items():
                 row[f"{name}_us"] = float(np.median(values))
                 row[f"{name}_min_us"] = float(np.min(values))
             rows.append(row)
             print(" ".join(f"{k}={v:.1f}" if isinstance(v, float) else f"{k}={v}"
                            for k, v in row.items()), flush=True)
-    for engine in built.values():
-        engine.close()
+    engine.close()
     return rows
 
 

@@ -349,7 +349,7 @@ class Engine:
 
     # -- the step ---------------------------------------------------------------------------------
     def step(self, idx_mapping: IntArray, cu_num_logits: IntArray, seq_lens: IntArray,
-             logits: torch.Tensor, draft_token_ids: torch.Tensor | None = None,
+             logits: torch.Tensor | None, draft_token_ids: torch.Tensor | None = None,
              grammar_bitmask: torch.Tensor | None = None) -> SamplerOutput:
         """Sample one decode step of n requests (n <= max_num_reqs); every rank calls it.
 
@@ -364,7 +364,9 @@ class Engine:
         This rank's own arguments (on the engine's device):
         - `logits` [num_logits, vocab_shard] in the config's `logits_dtype`: this rank's columns
           `shard_columns()` of the padded vocabulary, rows in batch order. Writing them into
-          `inputs.logits[:num_logits]` and passing that view skips a copy.
+          `inputs.logits[:num_logits]` and passing that view skips a copy; passing None says
+          they are there and skips the view and its checks too (~1.7 µs of slicing and ~0.9
+          of checks a step on a 2-core CPU).
         - `draft_token_ids` [num_logits] int32 or None: row k's draft token, compared with what
           row k samples (longest matching prefix accepted); a request's last row is ignored.
         - `grammar_bitmask` [num_logits, ceil(vocab / 32)] int32 or None (ceil(vocab_size / 32)

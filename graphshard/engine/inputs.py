@@ -62,9 +62,10 @@ class StepInputs:
         """The step's first operation: the staged inputs into `meta` (graph-safe)."""
         self.staged.fetch()
 
-    def is_zero_copy(self, logits: torch.Tensor, num_logits: int) -> bool:
-        """Whether the decode loop wrote this step's logits straight into `self.logits`."""
-        return num_logits > 0 and logits.data_ptr() == self._logits_ptr
+    def is_zero_copy(self, logits: torch.Tensor | None, num_logits: int) -> bool:
+        """Whether the decode loop wrote this step's logits straight into `self.logits` (None:
+        it says so without a view)."""
+        return logits is None or (num_logits > 0 and logits.data_ptr() == self._logits_ptr)
 
     def write_tensors(self, logits: torch.Tensor, drafts, bitmask, num_logits: int) -> None:
         """Copy this rank's tensors in (stream-ordered, so a step in flight still reads its own)."""
@@ -87,20 +88,24 @@ class StepInputs:
 
     def tensors_fit(self, logits, drafts, bitmask, num_logits: int) -> bool:
         """True only where `tensor_error` finds nothing; False sends the caller to it."""
-        if not (isinstance(logits, torch.Tensor) and logits.dtype is self._dtype
-                and logits.shape == (num_logits, self._vocab_shard)
-                and logits.stride() == self._row_strides and self._on_device(logits)):
+        if logits is not None and not self._logits_fit(logits, num_logits):
             return False
-        p = logits.data_ptr()
-        lo = self._logits_ptr
-        if p != lo and lo <= p < self._spans["logits"][1]:
-            return False  # a view into the static buffer other than its leading rows
         if drafts is None and bitmask is None:
             return True
         if drafts is not None and (self.max_num_logits_per_req == 1
                                    or not self._int32_fits(drafts, "drafts", num_logits, 1)):
             return False
         return bitmask is None or self._int32_fits(bitmask, "bitmask", num_logits, 2)
+
+    def _logits_fit(self, logits, num_logits: int) -> bool:
+        if not (isinstance(logits, torch.Tensor) and logits.dtype is self._dtype
+                and logits.shape == (num_logits, self._vocab_shard)
+                and logits.stride() == self._row_strides and self._on_device(logits)):
+            return False
+        p = logits.data_ptr()
+        lo = self._logits_ptr
+        # A view into the static buffer other than its leading rows would be copied onto itself.
+        return p == lo or not lo <= p < self._spans["logits"][1]
 
     def _int32_fits(self, t, name: str, num_logits: int, dims: int) -> bool:
         if not (isinstance(t, torch.Tensor) and t.dtype is torch.int32 and t.dim() == dims
@@ -115,7 +120,8 @@ class StepInputs:
     def tensor_error(self, logits, drafts, bitmask, num_logits: int) -> Exception | None:
         """What is wrong with a step's logits, drafts or bitmask (the exception to raise), or None."""
         try:
-            self._check_logits(logits, num_logits)
+            if logits is not None:  # None: already in `self.logits`
+                self._check_logits(logits, num_logits)
             if drafts is not None:
                 if self.max_num_logits_per_req == 1:
                     raise InvalidBatchError("draft_token_ids given but max_num_logits_per_req is 1")

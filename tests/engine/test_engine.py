@@ -151,6 +151,38 @@ def test_zero_copy_logits_and_step_outputs_are_views():
     assert out.sampled_token_ids.data_ptr() == engine.records.data_ptr()
 
 
+def test_logits_none_steps_the_logits_already_in_place():
+    """`logits=None` samples what `inputs.logits` holds: the same records as passing that view,
+    with one-row and multi-row requests, drafts and a bitmask; a bad draft tensor is still
+    refused, and so are inconsistent replicated arrays."""
+    cfg = SMALL.replace(buckets=(2, 4), num_logprobs=0)
+    by_view, by_none = Engine(cfg), Engine(cfg)
+    gen = torch.Generator().manual_seed(3)
+    for engine in (by_view, by_none):
+        engine.capture()
+        for slot in range(4):
+            engine.add_request(slot, SamplingParams(temperature=0.0 if slot % 2 else 0.8, seed=slot))
+    words = by_view.inputs.bitmask_widths[0]
+    for cu in ([0, 1, 2, 3], [0, 3, 4, 6]):
+        num_logits, n = cu[-1], len(cu) - 1
+        logits = torch.randn(num_logits, by_view.vocab_shard, generator=gen)
+        drafts = torch.randint(0, cfg.vocab_size, (num_logits,), generator=gen, dtype=torch.int32)
+        mask = torch.full((num_logits, words), -1, dtype=torch.int32)
+        mask[0] = 0
+        mask[0, 0] = 0b10110  # row 0 may only take tokens 1, 2 and 4
+        args = (np.arange(n, dtype=np.int32), np.array(cu, np.int32), np.full(n, 7, np.int32))
+        for engine in (by_view, by_none):
+            engine.inputs.logits[:num_logits].copy_(logits)
+        want = by_view.step(*args, by_view.inputs.logits[:num_logits], drafts, mask).to_host()
+        got = by_none.step(*args, None, drafts, mask).to_host()
+        assert np.array_equal(got.records, want.records)
+        assert got.sampled_token_ids[0, 0] in (1, 2, 4)
+    with pytest.raises(InvalidBatchError, match="draft_token_ids"):
+        by_none.step(*args, None, drafts[:-1])
+    with pytest.raises(InvalidBatchError):
+        by_none.step(args[0], np.array([0, 1], np.int32), args[2], None)
+
+
 def test_add_request_checks():
     engine = Engine(SMALL)
     with pytest.raises(ValueError, match="exceeds the config's num_logprobs"):

@@ -233,6 +233,9 @@ def test_the_cheap_tensor_test_accepts_only_what_tensor_error_accepts():
         if inp.tensors_fit(logits, d, b, rows):
             assert inp.tensor_error(logits, d, b, rows) is None, (logits.shape, d, b)
     assert inp.tensors_fit(inp.logits[:4], drafts, mask, 4)  # the zero-copy path is the cheap one
+    assert inp.tensors_fit(None, drafts, mask, 4) and inp.tensor_error(None, drafts, mask, 4) is None
+    assert not inp.tensors_fit(None, drafts[:3], None, 4)
+    assert inp.tensor_error(None, drafts[:3], None, 4) is not None
     assert not inp.tensors_fit(inp.logits[1:5], None, None, 4)
 
 

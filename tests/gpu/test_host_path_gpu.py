@@ -35,7 +35,9 @@ def _random_step(engine, cfg, rng, gen, lo, hi):
     full.scatter_(1, torch.randint(0, cfg.vocab_size, (n, 1), generator=gen, device="cuda"), 64.0)
     static = engine.inputs.logits[:n]
     static.copy_(full[:, lo:hi])  # stream-ordered after the step in flight
-    out = engine.step(idx, np.arange(n + 1, dtype=np.int32), np.full(n, 9, np.int32), static)
+    # Both ways of saying the logits are in place: the view, or None (odd and even batches).
+    out = engine.step(idx, np.arange(n + 1, dtype=np.int32), np.full(n, 9, np.int32),
+                      static if n % 2 else None)
     return out, n, full[:, :cfg.vocab_size].argmax(dim=1).int()
 
 
