@@ -28,7 +28,8 @@ Why a copy node and not a kernel reading host memory, measured on an H200: an ea
 kernel that read the rows with volatile scalar loads took ~31-33 µs per step
 (benchmarks/profile_kernels.py); a later fetch reading them with block loads (".cv") timed the
 same as the copy and its kernel (41.3 against 41.7 µs per step, top-k + top-p at batch 1; 34.7
-against 34.2, greedy at batch 32; BENCHMARKS.md, "The step's own copy to the host"), so the copy stays.
+against 34.2, greedy at batch 32; BENCHMARKS.md, "The host's turn of a batch-1 step"), so the
+copy stays.
 """
 
 from __future__ import annotations
