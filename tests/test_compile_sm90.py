@@ -115,18 +115,18 @@ def report() -> list[dict]:
                                   PADDED_NUM_LOGITS_PER_REQ=4, HAS_DRAFTS=True), 8, tmp))
         rows += _divergence_kernels(tmp)
         rows += _publish_kernels(tmp)
-        rows.append(_fetch_kernel(tmp))
+        rows += _fetch_kernels(tmp)
     return rows
 
 
-def _fetch_kernel(tmp: str) -> dict:
+def _fetch_kernels(tmp: str) -> list[dict]:
     """The tp = 1 step's first kernel (the interpreter accepts calls that the compiler refuses,
     such as a jit function's string constexpr left to its default)."""
     from graphshard.plan.staging import _fetch_kernel
 
-    return _compile(_fetch_kernel, dict(rows_ptr="*i32", meta_ptr="*i32", last_ptr="*i64",
-                                        max_num_reqs="i32", row_words64="i32"),
-                    dict(BLOCK=1024), 4, tmp)
+    return [_compile(_fetch_kernel, dict(rows_ptr="*i32", meta_ptr="*i32", last_ptr="*i64",
+                                         max_num_reqs="i32", row_words64="i32"),
+                     dict(BLOCK=1024), 4, tmp)]
 
 
 def _publish_kernels(tmp: str) -> list[dict]:

@@ -160,8 +160,7 @@ class HostOutput:
 
     def tokens(self, j: int) -> list[int]:
         """Request j's new tokens (batch position j), in order."""
-        row = self.records[j]
-        return row[:row[self.layout.num_sampled]].tolist()
+        return self.sampled_token_ids[j, : self.num_sampled[j]].tolist()
 
     def __repr__(self) -> str:
         return f"HostOutput(n={self.records.shape[0]}, layout={self.layout})"
