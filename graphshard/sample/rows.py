@@ -134,17 +134,19 @@ def second_tile(offs_a, SPAN: tl.constexpr, VOCAB: tl.constexpr, BLOCK: tl.const
 
 if os.environ.get("TRITON_INTERPRET") == "1":
     @triton.jit
-    def exp_ftz(x):
-        return tl.exp(x)  # the interpreter has no inline PTX
+    def exp_neg(a):
+        return tl.exp(-a)  # the interpreter has no inline PTX
 else:
     @triton.jit
-    def exp_ftz(x):
-        """exp(x) as `tl.exp` computes it (ex2.approx of x * log2 e, the same fp32 constant),
+    def exp_neg(a):
+        """exp(-a) as `tl.exp(-a)` computes it (ex2.approx of -a times the same fp32 log2 e),
         except that results below 2**-126 flush to 0. `tl.exp`'s ex2.approx.f32 keeps them: ptxas
-        wraps each of its MUFU.EX2 in a compare and two predicated multiplies, 3 of the 13
-        machine instructions per element that the streaming softmax sum costs."""
+        wraps each MUFU.EX2 in a compare and two predicated multiplies. Triton's -a is 0 - a, an
+        instruction of its own, where a * -log2 e folds the sign into the multiply. Together 4
+        of the 13 machine instructions per element of a streaming softmax sum
+        (`python -m benchmarks.stream_sass`)."""
         return tl.inline_asm_elementwise("ex2.approx.ftz.f32 $0, $1;", "=f,f",
-                                         [x * 1.4426950408889634], dtype=tl.float32,
+                                         [a * -1.4426950408889634], dtype=tl.float32,
                                          is_pure=True, pack=1)
 
 
@@ -152,9 +154,9 @@ else:
 def _online_mass(v, m, acc):
     """Fold values `v` into per-lane sums `acc` of exp(. - m), m the lanes' maxima before `v`:
     a larger value rescales the sum to itself (one exp either way). A lane's sum is 0 or at
-    least 1 (its maximum's own term), so the terms below 2**-126 that `exp_ftz` drops could not
+    least 1 (its maximum's own term), so the terms below 2**-126 that `exp_neg` drops could not
     change it: the sums are the same as with `tl.exp`."""
-    e = tl.where(v > float("-inf"), exp_ftz(-tl.abs(v - m)), 0.0)
+    e = tl.where(v > float("-inf"), exp_neg(tl.abs(v - m)), 0.0)
     return tl.where(v > m, acc * e + 1.0, acc + e)
 
 

@@ -1,0 +1,113 @@
+"""Machine instructions per element of the sampler's streaming pass, by what the pass keeps.
+
+Usage: TRITON_INTERPRET=0 python3 -m benchmarks.stream_sass [--dtypes float32,bfloat16]
+       [--dump DIR]
+
+Runs on a machine without a GPU: it compiles `rows.scan_span` over one 8192-column chunk
+(SCAN_BLOCK_SIZE lanes, the lean scan's launch options) for sm_90a with the ptxas and nvdisasm
+that Triton ships, finds the streaming loop in the machine code (the block that branches back to
+its own start) and prints its instructions per element for four variants: greedy (maxima only),
+the raw logits' softmax sum (logprob rows), the scores' (top-p rows), both. The streaming pass
+of a filtered or logprob row is bound by instruction issue (BENCHMARKS.md, "The capture modes
+were bound by instruction issue"), so these counts weigh a change to it before a GPU times it.
+--dump writes each variant's disassembly there.
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import re
+import subprocess
+import tempfile
+from pathlib import Path
+
+import triton
+import triton.language as tl
+
+from graphshard.sample import rows
+from graphshard.sample.kernels import LEAN_SCAN_REGISTERS, NO_FMA, SCAN_BLOCK_SIZE
+
+CHUNK = 8192
+VOCAB = 152064
+VARIANTS = {"greedy": (False, False), "sum_r": (False, True), "sum_s": (True, False),
+            "both": (True, True)}  # (SUM_S, SUM_R)
+
+
+@triton.jit
+def _stream_kernel(row_ptr, out_ptr, inv_temp, key, SUM_S: tl.constexpr, SUM_R: tl.constexpr,
+                   CHUNK: tl.constexpr, VOCAB: tl.constexpr, BLOCK: tl.constexpr):
+    nan, max_x, arg_x, max_z, arg_z, lane_x, lane_r, mass_s, mass_r = rows.scan_span(
+        row_ptr, row_ptr, 1, tl.program_id(0) * CHUNK, inv_temp, key, False, SUM_S, SUM_R,
+        CHUNK, VOCAB, BLOCK, False)
+    # Every result is stored, so none of the pass is compiled away.
+    tl.store(out_ptr, max_x + mass_s + mass_r + max_z)
+    tl.store(out_ptr + 1, (arg_x + arg_z + nan).to(tl.float32))
+    tl.store(out_ptr + 2 + tl.arange(0, BLOCK), lane_x + lane_r)
+
+
+def _tools() -> Path:
+    return Path(triton.__file__).parent / "backends" / "nvidia" / "bin"
+
+
+def disassemble(dtype: str, sum_s: bool, sum_r: bool, tmp: str) -> str:
+    """The variant's machine code for sm_90a (nvdisasm text)."""
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    consts = dict(SUM_S=sum_s, SUM_R=sum_r, CHUNK=CHUNK, VOCAB=VOCAB, BLOCK=SCAN_BLOCK_SIZE)
+    sig = dict(row_ptr=f"*{dtype}", out_ptr="*fp32", inv_temp="fp32", key="i64",
+               **{n: "constexpr" for n in consts})
+    options = dict(num_warps=8, maxnreg=LEAN_SCAN_REGISTERS, **NO_FMA)
+    compiled = triton.compile(ASTSource(fn=_stream_kernel, signature=sig, constexprs=consts),
+                              target=GPUTarget("cuda", 90, 32), options=options)
+    ptx = Path(tmp) / "stream.ptx"
+    ptx.write_text(compiled.asm["ptx"])
+    subprocess.run([str(_tools() / "ptxas"), "-arch=sm_90a", str(ptx), "-o", f"{ptx}.o"],
+                   check=True, capture_output=True)
+    return subprocess.run([str(_tools() / "nvdisasm"), "-c", f"{ptx}.o"], check=True,
+                          capture_output=True, text=True).stdout
+
+
+def loop_body(sass: str) -> list[str]:
+    """The instructions of the streaming loop: from a label to the branch back to it."""
+    lines = sass.splitlines()
+    for end, line in enumerate(lines):
+        back = re.search(r"BRA `\((\.L_x_\d+)\)", line)
+        if back:
+            start = next((i for i in range(end) if lines[i].startswith(back.group(1) + ":")), None)
+            if start is not None:
+                return [x for x in lines[start:end + 1] if re.match(r"\s+/\*[0-9a-f]{4}\*/", x)]
+    raise ValueError("no loop in the machine code")
+
+
+def opcode(line: str) -> str:
+    return re.search(r"\*/\s+(?:@!?U?P\w+\s+)?([A-Z0-9_]+)", line).group(1)
+
+
+def main(argv=None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--dtypes", default="float32,bfloat16")
+    parser.add_argument("--dump", default=None)
+    args = parser.parse_args(argv)
+    # One loop iteration streams two tiles of SCAN_BLOCK_SIZE lanes over 256 threads.
+    per_iteration = 2 * SCAN_BLOCK_SIZE // (8 * 32)
+    print("| dtype | variant | loop instructions | per element | MUFU | FADD | FMUL | FSEL | FSETP |")
+    print("| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
+    with tempfile.TemporaryDirectory() as tmp:
+        for dtype in args.dtypes.split(","):
+            short = {"float32": "fp32", "bfloat16": "bf16", "float16": "fp16"}[dtype]
+            for name, (sum_s, sum_r) in VARIANTS.items():
+                sass = disassemble(short, sum_s, sum_r, tmp)
+                if args.dump:
+                    Path(args.dump).mkdir(parents=True, exist_ok=True)
+                    (Path(args.dump) / f"{short}_{name}.sass").write_text(sass)
+                body = loop_body(sass)
+                ops = collections.Counter(opcode(x) for x in body)
+                print(f"| {dtype} | {name} | {len(body)} | {len(body) / per_iteration:.1f} | "
+                      + " | ".join(str(ops[o]) for o in ("MUFU", "FADD", "FMUL", "FSEL", "FSETP"))
+                      + " |", flush=True)
+
+
+if __name__ == "__main__":
+    main()
