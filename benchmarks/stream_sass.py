@@ -5,8 +5,8 @@ Usage: TRITON_INTERPRET=0 python3 -m benchmarks.stream_sass [--dtypes float32,bf
 
 Runs on a machine without a GPU: it compiles `rows.scan_span` over one 8192-column chunk
 (SCAN_BLOCK_SIZE lanes, the lean scan's launch options) for sm_90a with the ptxas and nvdisasm
-that Triton ships, finds the streaming loop in the machine code (the block that branches back to
-its own start) and prints its instructions per element for four variants: greedy (maxima only),
+that Triton ships and prints the program's machine instructions per element for four variants:
+greedy (maxima only),
 the raw logits' softmax sum (logprob rows), the scores' (top-p rows), both. The streaming pass
 of a filtered or logprob row is bound by instruction issue (BENCHMARKS.md, "The capture modes
 were bound by instruction issue"), so these counts weigh a change to it before a GPU times it.
@@ -59,7 +59,11 @@ def disassemble(dtype: str, sum_s: bool, sum_r: bool, tmp: str) -> str:
     sig = dict(row_ptr=f"*{dtype}", out_ptr="*fp32", inv_temp="fp32", key="i64",
                **{n: "constexpr" for n in consts})
     options = dict(num_warps=8, maxnreg=LEAN_SCAN_REGISTERS, **NO_FMA)
-    compiled = triton.compile(ASTSource(fn=_stream_kernel, signature=sig, constexprs=consts),
+    # The scan's logits pointer and row stride are specialised on 16-byte alignment, as a GPU
+    # run would find them (a fresh tensor, a row stride of a multiple of 16 elements).
+    aligned = {(0,): [["tt.divisibility", 16]], (1,): [["tt.divisibility", 16]]}
+    compiled = triton.compile(ASTSource(fn=_stream_kernel, signature=sig, constexprs=consts,
+                                        attrs=aligned),
                               target=GPUTarget("cuda", 90, 32), options=options)
     ptx = Path(tmp) / "stream.ptx"
     ptx.write_text(compiled.asm["ptx"])
@@ -69,16 +73,26 @@ def disassemble(dtype: str, sum_s: bool, sum_r: bool, tmp: str) -> str:
                           capture_output=True, text=True).stdout
 
 
+def instructions(sass: str) -> list[str]:
+    """The machine instructions of the disassembly, without the trap loop at its end."""
+    lines = [x for x in sass.splitlines() if re.match(r"\s+/\*[0-9a-f]{4}\*/", x)]
+    while lines and re.search(r"\bBRA\b|\bNOP\b", lines[-1]):
+        lines.pop()
+    return lines
+
+
 def loop_body(sass: str) -> list[str]:
-    """The instructions of the streaming loop: from a label to the branch back to it."""
+    """The instructions of the longest stretch from a label to a branch back to it: the
+    streaming loop where ptxas kept one, else empty (the kernel's end holds a one-instruction
+    trap loop)."""
     lines = sass.splitlines()
-    for end, line in enumerate(lines):
-        back = re.search(r"BRA `\((\.L_x_\d+)\)", line)
-        if back:
-            start = next((i for i in range(end) if lines[i].startswith(back.group(1) + ":")), None)
-            if start is not None:
-                return [x for x in lines[start:end + 1] if re.match(r"\s+/\*[0-9a-f]{4}\*/", x)]
-    raise ValueError("no loop in the machine code")
+    labels = {line.split(":")[0]: i for i, line in enumerate(lines) if line.startswith(".L_x_")}
+    spans = [(labels[m.group(1)], end) for end, line in enumerate(lines)
+             for m in [re.search(r"BRA `\((\.L_x_\d+)\)", line)]
+             if m and labels.get(m.group(1), end + 1) <= end]
+    start, end = max(spans, key=lambda s: s[1] - s[0], default=(0, -1))
+    body = instructions("\n".join(lines[start:end + 1]) + "\n")
+    return body if len(body) > 8 else []
 
 
 def opcode(line: str) -> str:
@@ -90,10 +104,12 @@ def main(argv=None) -> None:
     parser.add_argument("--dtypes", default="float32,bfloat16")
     parser.add_argument("--dump", default=None)
     args = parser.parse_args(argv)
-    # One loop iteration streams two tiles of SCAN_BLOCK_SIZE lanes over 256 threads.
-    per_iteration = 2 * SCAN_BLOCK_SIZE // (8 * 32)
-    print("| dtype | variant | loop instructions | per element | MUFU | FADD | FMUL | FSEL | FSETP |")
-    print("| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
+    # ptxas unrolls some variants' loop and keeps others': a kept loop is counted per iteration
+    # (two tiles of SCAN_BLOCK_SIZE lanes over 256 threads), an unrolled one as the whole
+    # program (its few reductions and stores included) over a thread's share of the chunk.
+    per_iteration, per_thread = 2 * SCAN_BLOCK_SIZE // 256, CHUNK // 256
+    print("| dtype | variant | counted | instructions | per element | MUFU | FADD | FMUL | FSEL |")
+    print("| --- | --- | --- | ---: | ---: | ---: | ---: | ---: | ---: |")
     with tempfile.TemporaryDirectory() as tmp:
         for dtype in args.dtypes.split(","):
             short = {"float32": "fp32", "bfloat16": "bf16", "float16": "fp16"}[dtype]
@@ -102,10 +118,12 @@ def main(argv=None) -> None:
                 if args.dump:
                     Path(args.dump).mkdir(parents=True, exist_ok=True)
                     (Path(args.dump) / f"{short}_{name}.sass").write_text(sass)
-                body = loop_body(sass)
+                body, per, counted = loop_body(sass), per_iteration, "loop"
+                if not body:
+                    body, per, counted = instructions(sass), per_thread, "program"
                 ops = collections.Counter(opcode(x) for x in body)
-                print(f"| {dtype} | {name} | {len(body)} | {len(body) / per_iteration:.1f} | "
-                      + " | ".join(str(ops[o]) for o in ("MUFU", "FADD", "FMUL", "FSEL", "FSETP"))
+                print(f"| {dtype} | {name} | {counted} | {len(body)} | {len(body) / per:.1f} | "
+                      + " | ".join(str(ops[o]) for o in ("MUFU", "FADD", "FMUL", "FSEL"))
                       + " |", flush=True)
 
 

@@ -43,12 +43,14 @@ def load_masked(row_ptr, mask_row_ptr, mask_on, offs, VOCAB: tl.constexpr, HAS_B
     raw = tl.load(row_ptr + offs, mask=valid, other=float("-inf")).to(tl.float32)
     is_nan = raw != raw
     raw = tl.where(is_nan, float("-inf"), raw)
+    x = raw  # padding already reads as -inf: a select by `offs < VOCAB` would change nothing
     allowed = valid
     if HAS_BITMASK:
         # A step without a bitmask masks the load off: no bytes read, every token allowed.
         words = tl.load(mask_row_ptr + offs // 32, mask=valid & mask_on, other=-1)
         allowed = ((words >> (offs % 32)) & 1) != 0
-    return tl.where(allowed, raw, float("-inf")), is_nan, raw, allowed
+        x = tl.where(allowed, raw, float("-inf"))
+    return x, is_nan, raw, allowed
 
 
 @triton.jit
@@ -155,8 +157,13 @@ def _online_mass(v, m, acc):
     """Fold values `v` into per-lane sums `acc` of exp(. - m), m the lanes' maxima before `v`:
     a larger value rescales the sum to itself (one exp either way). A lane's sum is 0 or at
     least 1 (its maximum's own term), so the terms below 2**-126 that `exp_neg` drops could not
-    change it: the sums are the same as with `tl.exp`."""
-    e = tl.where(v > float("-inf"), exp_neg(tl.abs(v - m)), 0.0)
+    change it: the sums are the same as with `tl.exp`.
+
+    `v` and `m` are finite or -inf. A lane that has seen only -inf (m = -inf) has a sum of 0, so
+    taking m no lower than -FLT_MAX changes no sum and keeps -inf - -inf (NaN) out of the exp:
+    an exp of -inf or of a huge negative is 0 either way. One max where a compare and a select
+    on `v` would cost two instructions per element."""
+    e = exp_neg(tl.abs(v - tl.maximum(m, -3.4028234663852886e38)))
     return tl.where(v > m, acc * e + 1.0, acc + e)
 
 
