@@ -1,7 +1,7 @@
 """Machine instructions per element of the sampler's streaming pass, by what the pass keeps.
 
 Usage: TRITON_INTERPRET=0 python3 -m benchmarks.stream_sass [--dtypes float32,bfloat16]
-       [--dump DIR]
+       [--dump DIR] [--json]
 
 Runs on a machine without a GPU: it compiles `rows.scan_span` over one 8192-column chunk
 (SCAN_BLOCK_SIZE lanes, the lean scan's launch options) for sm_90a with the ptxas and nvdisasm
@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import collections
+import json
 import re
 import subprocess
 import tempfile
@@ -99,32 +100,44 @@ def opcode(line: str) -> str:
     return re.search(r"\*/\s+(?:@!?U?P\w+\s+)?([A-Z0-9_]+)", line).group(1)
 
 
+def count(dtype: str, variant: str, tmp: str, dump: str | None = None) -> dict:
+    """One variant's machine instructions: the loop per iteration where ptxas kept one, else
+    the whole program (its few reductions and stores included) over a thread's share of the
+    chunk; `per_element` divides by the elements that covers. `ex2_guards` counts the compares
+    against -126 that ptxas wraps around an ex2.approx.f32 that may produce a denormal."""
+    short = {"float32": "fp32", "bfloat16": "bf16", "float16": "fp16"}[dtype]
+    sass = disassemble(short, *VARIANTS[variant], tmp)
+    if dump:
+        Path(dump).mkdir(parents=True, exist_ok=True)
+        (Path(dump) / f"{short}_{variant}.sass").write_text(sass)
+    # A loop iteration streams two tiles of SCAN_BLOCK_SIZE lanes over 256 threads.
+    body, elements, counted = loop_body(sass), 2 * SCAN_BLOCK_SIZE // 256, "loop"
+    if not body:
+        body, elements, counted = instructions(sass), CHUNK // 256, "program"
+    ops = collections.Counter(opcode(x) for x in body)
+    return dict(dtype=dtype, variant=variant, counted=counted, instructions=len(body),
+                elements=elements, per_element=len(body) / elements,
+                ex2_guards=sum("-126" in x for x in body),
+                **{op: ops[op] for op in ("MUFU", "FADD", "FMUL", "FSEL")})
+
+
 def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--dtypes", default="float32,bfloat16")
     parser.add_argument("--dump", default=None)
+    parser.add_argument("--json", action="store_true", help="one JSON list on the last line")
     args = parser.parse_args(argv)
-    # ptxas unrolls some variants' loop and keeps others': a kept loop is counted per iteration
-    # (two tiles of SCAN_BLOCK_SIZE lanes over 256 threads), an unrolled one as the whole
-    # program (its few reductions and stores included) over a thread's share of the chunk.
-    per_iteration, per_thread = 2 * SCAN_BLOCK_SIZE // 256, CHUNK // 256
+    with tempfile.TemporaryDirectory() as tmp:
+        rows = [count(dtype, variant, tmp, args.dump) for dtype in args.dtypes.split(",")
+                for variant in VARIANTS]
+    if args.json:
+        print(json.dumps(rows))
+        return
     print("| dtype | variant | counted | instructions | per element | MUFU | FADD | FMUL | FSEL |")
     print("| --- | --- | --- | ---: | ---: | ---: | ---: | ---: | ---: |")
-    with tempfile.TemporaryDirectory() as tmp:
-        for dtype in args.dtypes.split(","):
-            short = {"float32": "fp32", "bfloat16": "bf16", "float16": "fp16"}[dtype]
-            for name, (sum_s, sum_r) in VARIANTS.items():
-                sass = disassemble(short, sum_s, sum_r, tmp)
-                if args.dump:
-                    Path(args.dump).mkdir(parents=True, exist_ok=True)
-                    (Path(args.dump) / f"{short}_{name}.sass").write_text(sass)
-                body, per, counted = loop_body(sass), per_iteration, "loop"
-                if not body:
-                    body, per, counted = instructions(sass), per_thread, "program"
-                ops = collections.Counter(opcode(x) for x in body)
-                print(f"| {dtype} | {name} | {counted} | {len(body)} | {len(body) / per:.1f} | "
-                      + " | ".join(str(ops[o]) for o in ("MUFU", "FADD", "FMUL", "FSEL"))
-                      + " |", flush=True)
+    for r in rows:
+        print(f"| {r['dtype']} | {r['variant']} | {r['counted']} | {r['instructions']} | "
+              f"{r['per_element']:.1f} | {r['MUFU']} | {r['FADD']} | {r['FMUL']} | {r['FSEL']} |")
 
 
 if __name__ == "__main__":

@@ -1,0 +1,43 @@
+"""The streaming pass's softmax sums compile to a bare MUFU.EX2 per element on sm_90 (no CPU
+suite runs the compiled code: the interpreter takes `tl.exp`'s place there).
+
+`rows.exp_neg` uses ex2.approx.ftz through inline PTX when compiled. Written with `tl.exp`,
+each exp carries ptxas's guard for denormal results (a compare against -126 and two predicated
+multiplies), 3 of the 13 instructions per element that a streaming sum cost on an H200
+(BENCHMARKS.md). This test compiles the stream with the ptxas Triton ships, as
+`python -m benchmarks.stream_sass` does, and fails if a guard or a second exp comes back.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import pytest
+import triton
+
+ROOT = Path(__file__).resolve().parents[1]
+PTXAS = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "ptxas"
+
+
+@pytest.mark.skipif(not PTXAS.exists(), reason="this Triton build ships no NVIDIA ptxas")
+def test_stream_sums_take_one_unguarded_exp_per_element():
+    # Compiled, not interpreted: an explicit 0 also keeps graphshard from choosing the interpreter.
+    env = dict(os.environ, TRITON_INTERPRET="0",
+               TRITON_CACHE_DIR=tempfile.mkdtemp(prefix="graphshard-sass-"))
+    done = subprocess.run([sys.executable, "-m", "benchmarks.stream_sass", "--dtypes",
+                           "float32,bfloat16", "--json"], cwd=ROOT, env=env,
+                          capture_output=True, text=True, timeout=900)
+    assert done.returncode == 0, done.stderr[-4000:]
+    rows = {(r["dtype"], r["variant"]): r for r in json.loads(done.stdout.splitlines()[-1])}
+    for dtype in ("float32", "bfloat16"):
+        greedy = rows[dtype, "greedy"]
+        assert greedy["MUFU"] == 0 and greedy["ex2_guards"] == 0, greedy
+        for variant, sums in (("sum_r", 1), ("sum_s", 1), ("both", 2)):
+            r = rows[dtype, variant]
+            assert r["ex2_guards"] == 0, r
+            assert r["MUFU"] == sums * r["elements"], r
