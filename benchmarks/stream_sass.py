@@ -6,8 +6,8 @@ Usage: TRITON_INTERPRET=0 python3 -m benchmarks.stream_sass [--dtypes float32,bf
 Runs on a machine without a GPU: it compiles `rows.scan_span` over one 8192-column chunk
 (SCAN_BLOCK_SIZE lanes, the lean scan's launch options) for sm_90a with the ptxas and nvdisasm
 that Triton ships and prints the program's machine instructions per element for four variants:
-greedy (maxima only),
-the raw logits' softmax sum (logprob rows), the scores' (top-p rows), both. The streaming pass
+greedy (maxima only), the raw logits' softmax sum (logprob rows), the scores' (top-p rows),
+both. The streaming pass
 of a filtered or logprob row is bound by instruction issue (BENCHMARKS.md, "The capture modes
 were bound by instruction issue"), so these counts weigh a change to it before a GPU times it.
 --dump writes each variant's disassembly there.
@@ -27,12 +27,14 @@ import triton
 import triton.language as tl
 
 from graphshard.sample import rows
-from graphshard.sample.kernels import LEAN_SCAN_REGISTERS, NO_FMA, SCAN_BLOCK_SIZE
+from graphshard.sample.kernels import SCAN_BLOCK_SIZE, scan_options
 
 CHUNK = 8192
 VOCAB = 152064
 VARIANTS = {"greedy": (False, False), "sum_r": (False, True), "sum_s": (True, False),
             "both": (True, True)}  # (SUM_S, SUM_R)
+OPTIONS = scan_options(False, SCAN_BLOCK_SIZE)  # the lean scan's: no bitmask support
+THREADS = OPTIONS["num_warps"] * 32
 
 
 @triton.jit
@@ -59,13 +61,12 @@ def disassemble(dtype: str, sum_s: bool, sum_r: bool, tmp: str) -> str:
     consts = dict(SUM_S=sum_s, SUM_R=sum_r, CHUNK=CHUNK, VOCAB=VOCAB, BLOCK=SCAN_BLOCK_SIZE)
     sig = dict(row_ptr=f"*{dtype}", out_ptr="*fp32", inv_temp="fp32", key="i64",
                **{n: "constexpr" for n in consts})
-    options = dict(num_warps=8, maxnreg=LEAN_SCAN_REGISTERS, **NO_FMA)
     # The scan's logits pointer and row stride are specialised on 16-byte alignment, as a GPU
     # run would find them (a fresh tensor, a row stride of a multiple of 16 elements).
     aligned = {(0,): [["tt.divisibility", 16]], (1,): [["tt.divisibility", 16]]}
     compiled = triton.compile(ASTSource(fn=_stream_kernel, signature=sig, constexprs=consts,
                                         attrs=aligned),
-                              target=GPUTarget("cuda", 90, 32), options=options)
+                              target=GPUTarget("cuda", 90, 32), options=OPTIONS)
     ptx = Path(tmp) / "stream.ptx"
     ptx.write_text(compiled.asm["ptx"])
     subprocess.run([str(_tools() / "ptxas"), "-arch=sm_90a", str(ptx), "-o", f"{ptx}.o"],
@@ -110,10 +111,10 @@ def count(dtype: str, variant: str, tmp: str, dump: str | None = None) -> dict:
     if dump:
         Path(dump).mkdir(parents=True, exist_ok=True)
         (Path(dump) / f"{short}_{variant}.sass").write_text(sass)
-    # A loop iteration streams two tiles of SCAN_BLOCK_SIZE lanes over 256 threads.
-    body, elements, counted = loop_body(sass), 2 * SCAN_BLOCK_SIZE // 256, "loop"
+    # A loop iteration streams two tiles of SCAN_BLOCK_SIZE lanes over the program's threads.
+    body, elements, counted = loop_body(sass), 2 * SCAN_BLOCK_SIZE // THREADS, "loop"
     if not body:
-        body, elements, counted = instructions(sass), CHUNK // 256, "program"
+        body, elements, counted = instructions(sass), CHUNK // THREADS, "program"
     ops = collections.Counter(opcode(x) for x in body)
     return dict(dtype=dtype, variant=variant, counted=counted, instructions=len(body),
                 elements=elements, per_element=len(body) / elements,

@@ -18,13 +18,13 @@ import tempfile
 from pathlib import Path
 
 import pytest
-import triton
+
+from tests.test_compile_sm90 import _ptxas
 
 ROOT = Path(__file__).resolve().parents[1]
-PTXAS = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "ptxas"
 
 
-@pytest.mark.skipif(not PTXAS.exists(), reason="this Triton build ships no NVIDIA ptxas")
+@pytest.mark.skipif(_ptxas() is None, reason="this Triton build ships no NVIDIA ptxas")
 def test_stream_sums_take_one_unguarded_exp_per_element():
     # Compiled, not interpreted: an explicit 0 also keeps graphshard from choosing the interpreter.
     env = dict(os.environ, TRITON_INTERPRET="0",
