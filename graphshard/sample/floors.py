@@ -15,7 +15,8 @@ accept is lost; and where the row needs only its own top `need` (a small top-k, 
 logprobs), a chunk's floor bounds that order statistic from below too. A chunk that starts
 after others have published (at large batch most do: the grid runs a row's chunks one
 batch-wide wave after another) refines the published cut with one pass over its lanes
-(`refine_floor`) instead of a radix search (`chunk_floor`).
+(`refine_floor`) instead of a radix search (`chunk_floor`); where the need is small (logprobs,
+a small top-k) it keeps the published cut as it is (`kernels._capture_above_floors`).
 
 A program that streams several chunks of a row (`kernels.SPLITS_PER_PROGRAM`) does all of this
 once for them, over the maxima of all their lanes, and reports its floor for each of them.
@@ -91,10 +92,12 @@ def refine_floor(lane_max, need, low, top):
 
 @triton.jit
 def fold_lanes(lane_max, BLOCK: tl.constexpr, LANES: tl.constexpr):
-    """[BLOCK] per-lane maxima -> [LANES] (LANES divides BLOCK): a cheaper floor search."""
+    """[BLOCK] per-lane maxima -> [LANES] (LANES divides BLOCK): a cheaper floor search. Each
+    folded lane is the maximum of BLOCK // LANES adjacent lanes, which the scan's layout keeps in
+    one thread (a thread holds four adjacent lanes), so the fold moves no data between threads."""
     if BLOCK == LANES:
         return lane_max
-    return tl.max(tl.reshape(lane_max, [BLOCK // LANES, LANES]), axis=0)
+    return tl.max(tl.reshape(lane_max, [LANES, BLOCK // LANES]), axis=1)
 
 
 @triton.jit

@@ -121,6 +121,13 @@ SMALL_BLOCK_SIZE = 512
 POOL_TILE = 1024
 # Bits of a threshold decided per pass of a radix search: 16 candidates, 8 passes.
 RADIX_BITS = tl.constexpr(4)
+# Adjacent lanes a scan thread holds (1024 lanes over 8 warps, 512 over 4: `scan_options`):
+# folds and prefix sums over groups of them stay within a thread. (A smaller tile, below 512
+# columns of vocabulary, only pays a layout change.)
+THREAD_LANES = tl.constexpr(4)
+# Tiles of the hot-lane capture smaller than HOT_TILE, for programs with few hot lanes.
+HOT_FEW = tl.constexpr(32)
+HOT_SOME = tl.constexpr(128)
 # Lane maxima a chunk folds its tiles into before picking its capture floor.
 FLOOR_LANES = 1024
 # Lanes of the cheaper floor search for needs up to a quarter of them (small top-k, logprobs).
@@ -437,10 +444,14 @@ def _capture_above_floors(row_ptr, mask_row_ptr, mask_on, lo, fill, pool_x, pool
         # The row's chunks share one cut: each captures above the largest floor published so
         # far, and a chunk that starts after another has published refines that cut in one pass
         # instead of searching (`refine_floor`). Every answer is checked against the largest
-        # floor, so nothing below it was of use anyway.
+        # floor, so nothing below it was of use anyway. A small need (logprobs, a top-k of up
+        # to 64) keeps the published cut as it is: the few more candidates it leaves cost the
+        # finish less than the refinement's pivot counts cost every program (BENCHMARKS.md).
         need = tl.maximum(need_s, need_r)
         low = published_cut(fill)
-        if low > float("-inf"):
+        if (low > float("-inf")) & (need * 4 <= SMALL_LANES):
+            floor_s = low
+        elif low > float("-inf"):
             floor_s = refine_floor(lane_x, need, low, tl.max(lane_x, axis=0))
         else:
             floor_s = _lane_floor(lane_x, need, BLOCK, LANES, SMALL_LANES)
@@ -486,6 +497,20 @@ def _lane_floor(lane_max, need, BLOCK: tl.constexpr, LANES: tl.constexpr,
 
 
 @triton.jit
+def _list_hot(hot_list, hot, BLOCK: tl.constexpr):
+    """Store the ids of the `hot` lanes [BLOCK] at `hot_list`, in lane order. Positions come
+    from a prefix sum over threads (THREAD_LANES adjacent lanes each, as the scan's layout
+    holds them) plus one within a thread: a prefix sum over all the lanes first moved them
+    between threads through shared memory, for ~3x the instructions (sm_90a)."""
+    GROUPS: tl.constexpr = BLOCK // THREAD_LANES
+    flags = tl.reshape(hot.to(tl.int32), [GROUPS, THREAD_LANES])
+    per_thread = tl.sum(flags, axis=1)  # [GROUPS]
+    pos = (tl.cumsum(per_thread, axis=0) - per_thread)[:, None] + tl.cumsum(flags, axis=1) - flags
+    lanes = tl.reshape(tl.arange(0, BLOCK), [GROUPS, THREAD_LANES])
+    tl.store(hot_list + pos, lanes, mask=flags != 0)
+
+
+@triton.jit
 def _capture_hot(row_ptr, mask_row_ptr, mask_on, lo, fill, pool_x, pool_id, hot_list, lane_x,
                  lane_r, scale, cut_s, cut_r, VOCAB: tl.constexpr, CHUNK: tl.constexpr,
                  CAP: tl.constexpr, BLOCK: tl.constexpr, HAS_BITMASK: tl.constexpr,
@@ -502,16 +527,28 @@ def _capture_hot(row_ptr, mask_row_ptr, mask_on, lo, fill, pool_x, pool_id, hot_
     num_hot = tl.sum(hot.to(tl.int32), axis=0)
     if num_hot <= HOT_LANES:
         # A tile-by-tile pass costs every lane, hot or cold, its instructions; listing the hot
-        # lanes first costs one scan over the lanes.
-        tl.store(hot_list + tl.cumsum(hot.to(tl.int32), axis=0) - 1, lanes, mask=hot)
+        # lanes first costs one prefix sum. The listed lanes are read in a tile sized to their
+        # number: every slot of a tile costs its instructions, listed or not, and a row that
+        # needs a few candidates (logprobs, a small top-k) leaves a few lanes hot.
+        _list_hot(hot_list, hot, BLOCK)
         tl.debug_barrier()
-        _capture_listed(row_ptr, mask_row_ptr, mask_on, lo, fill, pool_x, pool_id, hot_list,
-                        num_hot, scale, cut_s, cut_r, VOCAB, CHUNK, CAP, BLOCK, HAS_BITMASK,
-                        GROUP, HOT_TILE)
-        if num_hot > HOT_TILE:
-            _capture_listed(row_ptr, mask_row_ptr, mask_on, lo, fill, pool_x, pool_id,
-                            hot_list + HOT_TILE, num_hot - HOT_TILE, scale, cut_s, cut_r, VOCAB,
-                            CHUNK, CAP, BLOCK, HAS_BITMASK, GROUP, HOT_LANES - HOT_TILE)
+        if num_hot <= HOT_FEW:
+            _capture_listed(row_ptr, mask_row_ptr, mask_on, lo, fill, pool_x, pool_id, hot_list,
+                            num_hot, scale, cut_s, cut_r, VOCAB, CHUNK, CAP, BLOCK, HAS_BITMASK,
+                            GROUP, HOT_FEW)
+        elif num_hot <= HOT_SOME:
+            _capture_listed(row_ptr, mask_row_ptr, mask_on, lo, fill, pool_x, pool_id, hot_list,
+                            num_hot, scale, cut_s, cut_r, VOCAB, CHUNK, CAP, BLOCK, HAS_BITMASK,
+                            GROUP, HOT_SOME)
+        else:
+            _capture_listed(row_ptr, mask_row_ptr, mask_on, lo, fill, pool_x, pool_id, hot_list,
+                            num_hot, scale, cut_s, cut_r, VOCAB, CHUNK, CAP, BLOCK, HAS_BITMASK,
+                            GROUP, HOT_TILE)
+            if num_hot > HOT_TILE:
+                _capture_listed(row_ptr, mask_row_ptr, mask_on, lo, fill, pool_x, pool_id,
+                                hot_list + HOT_TILE, num_hot - HOT_TILE, scale, cut_s, cut_r,
+                                VOCAB, CHUNK, CAP, BLOCK, HAS_BITMASK, GROUP,
+                                HOT_LANES - HOT_TILE)
     else:
         for c in tl.static_range(GROUP):
             for start in range(0, CHUNK, 2 * BLOCK):

@@ -995,21 +995,25 @@ def test_pools_past_one_sort_tile_settle_from_candidates(chunk):
     assert paths == {"draw_fallback": 0, "logprobs_fallback": 0, "counted": 0}
 
 
-def test_hot_lanes_past_the_first_listing_tile_are_captured():
-    """A floor for 256 candidates leaves a few more than 256 lanes hot (its rounding): the
-    capture lists them in a second, narrower tile. Here a lane's values rise with its index, so
-    the lanes listed last hold the row's largest logits, which every answer below needs: top-k
-    256, top-p and the top-K logprobs, all from the pool. (A lane's second column lies far
-    below its first, so a chunk captures one token per hot lane and the pool holds them all.)"""
+@pytest.mark.parametrize("top_k", [5, 20, 256])
+def test_hot_lanes_of_every_listing_tile_are_captured(top_k):
+    """The capture lists a program's hot lanes and reads them in a tile sized to their number
+    (`kernels._capture_hot`). Here a lane's values rise with its index, so the lanes listed last
+    hold the row's largest logits, which every answer below needs: the top-k, top-p and the
+    top-K logprobs, all from the pool. A top-k of 5 leaves ~20 lanes hot (its floor is searched
+    over maxima of four adjacent lanes), 20 leaves ~80 (the middle tile), 256 a few more than
+    256 (its rounding: the second, narrower tile after the widest). (A lane's second column lies
+    far below its first, so a chunk captures one token per hot lane and the pool holds them
+    all.)"""
     rs = np.random.default_rng(32)
     vocab, chunk, block = 4096, 2048, 1024
     col = np.arange(vocab)
     base = (col % block) * 0.01 - (col % chunk >= block) * 20.0
     rows = [base + rs.standard_normal(vocab) * 1e-3 for _ in range(4)]
-    b = make_batch(rs, [SamplingParams(temperature=1.0, top_k=256, seed=1, num_logprobs=3),
+    b = make_batch(rs, [SamplingParams(temperature=1.0, top_k=top_k, seed=1, num_logprobs=3),
                         SamplingParams(temperature=0.05, top_p=0.9, seed=2),
-                        SamplingParams(temperature=0.7, top_k=200, top_p=0.5, seed=3,
-                                       num_logprobs=2),
+                        SamplingParams(temperature=0.7, top_k=min(top_k, 200), top_p=0.5,
+                                       seed=3, num_logprobs=2),
                         SamplingParams(temperature=0.0, num_logprobs=3)])
     b.logits = torch.from_numpy(np.stack(rows).astype(np.float32))
     paths = run_adversarial(b, vocab=vocab, chunk=chunk, block=block)
