@@ -452,10 +452,9 @@ def _capture_above_floors(row_ptr, mask_row_ptr, mask_on, lo, fill, pool_x, pool
         if (low > float("-inf")) & (need * 4 <= SMALL_LANES):
             floor_s = low
         elif low > float("-inf"):
-            floor_s = refine_floor(lane_x, need, low, tl.max(lane_x, axis=0))
+            floor_s = share_floor(fill, refine_floor(lane_x, need, low, tl.max(lane_x, axis=0)))
         else:
-            floor_s = _lane_floor(lane_x, need, BLOCK, LANES, SMALL_LANES)
-        floor_s = share_floor(fill, floor_s)
+            floor_s = share_floor(fill, _lane_floor(lane_x, need, BLOCK, LANES, SMALL_LANES))
         floor_r = floor_s
     _capture_hot(row_ptr, mask_row_ptr, mask_on, lo, fill, pool_x, pool_id, hot, lane_x, lane_r,
                  1.0, floor_s, floor_r, VOCAB, CHUNK, CAP, BLOCK, HAS_BITMASK, GROUP)
