@@ -16,7 +16,8 @@ logprobs), a chunk's floor bounds that order statistic from below too. A chunk t
 after others have published (at large batch most do: the grid runs a row's chunks one
 batch-wide wave after another) refines the published cut with one pass over its lanes
 (`refine_floor`) instead of a radix search (`chunk_floor`); where the need is small (logprobs,
-a small top-k) it keeps the published cut as it is (`kernels._capture_above_floors`).
+a small top-k) it captures above the published cut as it is and publishes nothing
+(`kernels._capture_above_floors`).
 
 A program that streams several chunks of a row (`kernels.SPLITS_PER_PROGRAM`) does all of this
 once for them, over the maxima of all their lanes, and reports its floor for each of them.

@@ -445,8 +445,9 @@ def _capture_above_floors(row_ptr, mask_row_ptr, mask_on, lo, fill, pool_x, pool
         # far, and a chunk that starts after another has published refines that cut in one pass
         # instead of searching (`refine_floor`). Every answer is checked against the largest
         # floor, so nothing below it was of use anyway. A small need (logprobs, a top-k of up
-        # to 64) keeps the published cut as it is: the few more candidates it leaves cost the
-        # finish less than the refinement's pivot counts cost every program (BENCHMARKS.md).
+        # to 64) keeps the published cut as it is, with nothing new to publish: the few more
+        # candidates it leaves cost the finish less than the refinement's pivot counts cost
+        # every program (BENCHMARKS.md).
         need = tl.maximum(need_s, need_r)
         low = published_cut(fill)
         if (low > float("-inf")) & (need * 4 <= SMALL_LANES):
