@@ -17,14 +17,13 @@ from __future__ import annotations
 
 import argparse
 import json
-import subprocess
 import tempfile
 from pathlib import Path
 
 import triton
 import triton.language as tl
 
-from benchmarks.stream_sass import OPTIONS, _tools, instructions
+from benchmarks.stream_sass import OPTIONS, instructions, machine_code
 from graphshard.sample import floors, kernels
 from graphshard.sample.kernels import (FLOOR_PASSES, HOT_FEW, HOT_SOME, HOT_TILE, RADIX_BITS,
                                        SCAN_BLOCK_SIZE)
@@ -94,12 +93,7 @@ def disassemble(name: str, tmp: str) -> str:
     compiled = triton.compile(ASTSource(fn=_capture_kernel, signature=sig, constexprs=consts,
                                         attrs=aligned),
                               target=GPUTarget("cuda", 90, 32), options=OPTIONS)
-    ptx = Path(tmp) / f"{name}.ptx"
-    ptx.write_text(compiled.asm["ptx"])
-    subprocess.run([str(_tools() / "ptxas"), "-arch=sm_90a", str(ptx), "-o", f"{ptx}.o"],
-                   check=True, capture_output=True)
-    return subprocess.run([str(_tools() / "nvdisasm"), "-c", f"{ptx}.o"], check=True,
-                          capture_output=True, text=True).stdout
+    return machine_code(compiled, tmp, name)
 
 
 def main(argv=None) -> None:

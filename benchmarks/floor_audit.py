@@ -83,12 +83,13 @@ def main(argv=None) -> None:
     before = ws.paths()
     print(f"{args.mode} b={rows} V={args.vocab} {args.dtype}: {ws.num_splits} chunks, "
           f"{group} per program (SPLITS_PER_PROGRAM {SPLITS_PER_PROGRAM})")
+    # The rows' partials [rows, NUM_PART, splits]: a view, read after each call.
+    part = ws.partials[:rows * NUM_PART.value * ws.num_splits].view(rows, NUM_PART.value,
+                                                                    ws.num_splits)
     for i in range(args.calls):
         call()
         if device == "cuda":
             torch.cuda.synchronize()
-        width = NUM_PART.value * ws.num_splits
-        part = ws.partials[:rows * width].view(rows, NUM_PART.value, ws.num_splits)
         floors = part[:, P_FLOOR_S.value].contiguous().view(torch.float32).cpu().numpy()
         top = floors.max(axis=1).astype(np.float64)
         bound = np.flatnonzero(top > bounds)

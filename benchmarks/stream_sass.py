@@ -67,7 +67,13 @@ def disassemble(dtype: str, sum_s: bool, sum_r: bool, tmp: str) -> str:
     compiled = triton.compile(ASTSource(fn=_stream_kernel, signature=sig, constexprs=consts,
                                         attrs=aligned),
                               target=GPUTarget("cuda", 90, 32), options=OPTIONS)
-    ptx = Path(tmp) / "stream.ptx"
+    return machine_code(compiled, tmp, "stream")
+
+
+def machine_code(compiled, tmp: str, name: str) -> str:
+    """The nvdisasm text of a Triton compile for sm_90a, assembled with the ptxas Triton ships
+    (files `name`.ptx and .o under `tmp`)."""
+    ptx = Path(tmp) / f"{name}.ptx"
     ptx.write_text(compiled.asm["ptx"])
     subprocess.run([str(_tools() / "ptxas"), "-arch=sm_90a", str(ptx), "-o", f"{ptx}.o"],
                    check=True, capture_output=True)
