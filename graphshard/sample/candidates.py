@@ -101,7 +101,7 @@ def search_mass(pool_x_ptr, pool_id_ptr, n_cand, inv_temp, max_score, low_score,
     """The top-p threshold: `search_pool` by mass, for a caller that accepts only a threshold
     above `below` (the best score an uncaptured token can have).
 
-    One pass weighs PIVOTS scores spread evenly over (max(below, low_score), max_score]: the
+    One pass weighs PIVOTS scores spread over (max(below, low_score), max_score]: the
     threshold lies between the last pivot whose mass above reaches `target` and the next one. A
     second pass copies the pool entries of that interval behind the pool's live entries, and
     a sort of them with the mass above the interval gives the threshold. Three passes and a
@@ -114,7 +114,13 @@ def search_mass(pool_x_ptr, pool_id_ptr, n_cand, inv_temp, max_score, low_score,
     radix = ~((lo > float("-inf")) & (spread >= 0.0) & (spread < float("inf")))
     if ~radix:
         at = tl.arange(0, PIVOTS)
-        pivots = lo + spread * (at.to(tl.float32) / PIVOTS)  # [PIVOTS], pivots[0] == lo
+        # Pivots at equal counts of a pool whose count falls exponentially from n_cand at lo
+        # to 1 at max_score (a logit tail's shape): the interval that holds the threshold
+        # then holds ~n_cand / PIVOTS entries. Evenly spread pivots put several times that in
+        # the densest intervals, next to the floor, where a wide nucleus ends (BENCHMARKS.md).
+        n_eff = tl.maximum(n_cand, 2).to(tl.float32)
+        frac = (at.to(tl.float32) / PIVOTS) * (1.0 - 1.0 / n_eff)
+        pivots = lo + spread * (tl.log(1.0 - frac) / -tl.log(n_eff))  # pivots[0] == lo
         mass = tl.zeros([PIVOTS], tl.float32)
         for t in range(0, CAP, TILE):
             if t < n_cand:
