@@ -29,19 +29,13 @@ import torch
 
 from benchmarks.sampling_modes import MODES, make_logits, sampler_call
 from graphshard.sample.kernels import SPLITS_PER_PROGRAM, _splits_per_program
+from graphshard.sample.reference import kept_mask
 from graphshard.sample.workspace import CHUNK_TOP, NUM_PART, P_FLOOR_S, SMALL_TOP_K
 
 
 def kept_floor(scores: np.ndarray, top_k: int, top_p: float) -> float:
-    """The smallest score the row keeps after top-k then top-p (float64, ties kept)."""
-    s = np.sort(scores)[::-1]
-    if 0 < top_k < s.size:
-        s = s[s >= s[top_k - 1]]
-    if top_p < 1.0:
-        p = np.exp(s - s[0])
-        cum = np.cumsum(p)
-        s = s[s >= s[np.searchsorted(cum, top_p * cum[-1])]]
-    return float(s[-1])
+    """The smallest score the row keeps after top-k then top-p (the reference's float64 filter)."""
+    return float(scores[kept_mask(scores, top_k, top_p, 0.0)].min())
 
 
 def program_bound(row: np.ndarray, chunk: int, group: int, need_per: int, small_k: int) -> float:

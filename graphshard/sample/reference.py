@@ -42,7 +42,7 @@ def _allowed(bitmask_row: np.ndarray, vocab_size: int) -> np.ndarray:
     return ((words[t // 32] >> (t % 32)) & 1).astype(bool)
 
 
-def _filter(s: np.ndarray, top_k: int, top_p: float, min_p: float) -> np.ndarray:
+def kept_mask(s: np.ndarray, top_k: int, top_p: float, min_p: float) -> np.ndarray:
     """Kept-token mask of the scaled scores `s` after top-k, top-p, min-p."""
     vocab_size = s.shape[0]
     keep = np.ones(vocab_size, dtype=bool)
@@ -70,7 +70,7 @@ def _sample_row(x: np.ndarray, p: dict, position: int) -> int:
     if p["temperature"] == 0.0:
         return int(np.argmax(x))
     s = x / p["temperature"]
-    keep = _filter(s, p["top_k"], p["top_p"], p["min_p"])
+    keep = kept_mask(s, p["top_k"], p["top_p"], p["min_p"])
     key = rng.row_key_np(p["seed_lo"], p["seed_hi"], position)
     g = rng.gumbel_np(key, np.arange(x.shape[0]))
     z = np.where(keep, s + g, -np.inf)
