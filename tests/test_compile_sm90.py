@@ -84,9 +84,12 @@ def report() -> list[dict]:
 
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
-        for vocab, dtype, m, k, bitmask in [(152064, "fp32", 1, 20, False),
-                                            (32000, "bf16", 3, 3, True)]:
+        # The first finish splits a row over programs (small batches), the second does not.
+        for vocab, dtype, m, k, bitmask, programs in [(152064, "fp32", 1, 20, False, 16),
+                                                      (32000, "bf16", 3, 3, True, 1)]:
             splits = -(-vocab // CHUNK_SIZE)
+            finish = dict(zip(("PROGRAMS", "SLICE"), sampler._finish_programs(
+                1, splits, pool_size_for(splits, vocab, None), vocab, programs)))
             i32 = "*i32"
             common = dict(logits=(f"*{dtype}", "i32"), num_reqs_ptr=i32, req_slots_ptr=i32,
                           cu_num_logits_ptr=i32, seq_lens_ptr=i32, slots_ptr=i32,
@@ -105,8 +108,8 @@ def report() -> list[dict]:
                 sampler._scan_kernel, common, dict(shared, CHUNK=CHUNK_SIZE, GROUP=1),
                 options.pop("num_warps"), tmp, **options)))
             rows.append(dict(tag, **_compile(
-                sampler._finish_kernel, common, dict(shared, SMALL_BLOCK=512), 8, tmp,
-                **sampler.NO_FMA)))
+                sampler._finish_kernel, common, dict(shared, SMALL_BLOCK=512, **finish), 8,
+                tmp, **sampler.NO_FMA)))
         plan_args = {n: "*i32" for n in inspect.signature(_plan_kernel.fn).parameters}
         plan_args.update(plan=PlanBuffers(*["*i32"] * len(PlanBuffers._fields)),
                          max_num_reqs="i32", max_num_rows="i32", gather_stride="i32")

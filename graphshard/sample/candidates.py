@@ -114,13 +114,7 @@ def search_mass(pool_x_ptr, pool_id_ptr, n_cand, inv_temp, max_score, low_score,
     radix = ~((lo > float("-inf")) & (spread >= 0.0) & (spread < float("inf")))
     if ~radix:
         at = tl.arange(0, PIVOTS)
-        # Pivots at equal counts of a pool whose count falls exponentially from n_cand at lo
-        # to 1 at max_score (a logit tail's shape): the interval that holds the threshold
-        # then holds ~n_cand / PIVOTS entries. Evenly spread pivots put several times that in
-        # the densest intervals, next to the floor, where a wide nucleus ends (BENCHMARKS.md).
-        n_eff = tl.maximum(n_cand, 2).to(tl.float32)
-        frac = (at.to(tl.float32) / PIVOTS) * (1.0 - 1.0 / n_eff)
-        pivots = lo + spread * (tl.log(1.0 - frac) / -tl.log(n_eff))  # pivots[0] == lo
+        pivots = mass_pivots(lo, spread, n_cand)
         mass = tl.zeros([PIVOTS], tl.float32)
         for t in range(0, CAP, TILE):
             if t < n_cand:
@@ -148,6 +142,18 @@ def search_mass(pool_x_ptr, pool_id_ptr, n_cand, inv_temp, max_score, low_score,
         thr = search_pool(pool_x_ptr, pool_id_ptr, n_cand, inv_temp, max_score, low_score,
                           target, True, CAP, TILE, RADIX_BITS)[0]
     return thr
+
+
+@triton.jit
+def mass_pivots(lo, spread, n_cand):
+    """The nucleus searches' PIVOTS pivots over [lo, lo + spread], the first at lo, at equal
+    counts of a pool whose count falls exponentially from n_cand at lo to 1 at the top (a logit
+    tail's shape): the interval that holds the threshold then holds ~n_cand / PIVOTS entries.
+    Evenly spread pivots put several times that in the densest intervals, next to the floor,
+    where a wide nucleus ends (BENCHMARKS.md). They never decrease."""
+    n_eff = tl.maximum(n_cand, 2).to(tl.float32)
+    frac = (tl.arange(0, PIVOTS).to(tl.float32) / PIVOTS) * (1.0 - 1.0 / n_eff)
+    return lo + spread * (tl.log(1.0 - frac) / -tl.log(n_eff))  # [PIVOTS]
 
 
 @triton.jit
@@ -183,7 +189,13 @@ def _sorted_mass_threshold(scratch_ptr, n, carry, max_score, target, N: tl.const
     interval's whole mass enough: only rounding disagrees)."""
     i = tl.arange(0, N)
     s = tl.load(scratch_ptr + i, mask=i < n, other=0).to(tl.float32, bitcast=True)
-    desc = tl.sort(tl.where(i < n, order_key(s), 0), descending=True)  # [N], empty (0) last
+    return mass_threshold(s, i < n, carry, max_score, target)
+
+
+@triton.jit
+def mass_threshold(s, live, carry, max_score, target):
+    """`_sorted_mass_threshold` of the finite scores `s` where `live` [N]."""
+    desc = tl.sort(tl.where(live, order_key(s), 0), descending=True)  # [N], empty (0) last
     live = desc != 0
     s_desc = tl.where(live, key_to_float(desc), float("-inf"))
     reach = live & (carry + tl.cumsum(tl.where(live, tl.exp(s_desc - max_score), 0.0),

@@ -82,6 +82,8 @@ from graphshard.sample import rng
 from graphshard.runtime.launch import check_int32_vector, launch
 from graphshard.sample.params import SLOT_WIDTH, SlotTables
 from graphshard.sample.records import RecordLayout
+from graphshard.sample.nucleus import (COUNT_BITS, MAX_PROGRAMS, STAT_WORDS, close_pool,
+                                       split_nucleus)
 from graphshard.sample.resolve import has_nan, settle_logprobs, settle_token, store_logprobs
 from graphshard.sample.rows import load_masked, scan_span, second_tile, uses_filters
 from graphshard.sample.floors import (capture, chunk_floor, fold_lanes, published_cut,
@@ -114,6 +116,12 @@ LEAN_SCAN_REGISTERS = 64
 # faster (363 -> 311 µs) and the greedy scan 3 % slower (168 -> 173; the two-chunk scan
 # spills); four leave top-p nuclei out of the pools.
 SPLITS_PER_PROGRAM = ((256, 2),)
+# Programs the finish gives each row, by the rows of its grid (a static bound, like the scan's
+# chunks per program, so a captured graph keeps its choice): at small batch a top-p row's large
+# pool is drawn by several of them (`nucleus`); at large batch the rows alone fill the GPU.
+FINISH_PROGRAMS = ((64, 16),)
+# Pool entries a finish program weighs at most (fewer where the pool is smaller).
+MAX_SLICE = 256
 # The scan unrolls its chunk loop: a bound on its code size.
 MAX_SPLITS_PER_PROGRAM = 4
 # Tile of the whole-row paths: their wider per-token state would cost registers.
@@ -605,11 +613,10 @@ def _finish_kernel(
     draft_ptr,  # [num_rows] int32, or None: no drafts
     VOCAB: tl.constexpr, M: tl.constexpr, K: tl.constexpr, SPLITS: tl.constexpr,
     CAP: tl.constexpr, BLOCK: tl.constexpr, SMALL_BLOCK: tl.constexpr,
+    PROGRAMS: tl.constexpr, SLICE: tl.constexpr,
 ):
     HAS_BITMASK: tl.constexpr = mask is not None
     workspace = (ws_ptr, rows)
-    TILE: tl.constexpr = pool_tile(CAP, K)
-    SMALL_K: tl.constexpr = small_top_k(BLOCK)
     row_id = tl.program_id(0)
     live, req, r, first_row, m, seq_len, slot = _open_row(num_reqs_ptr, req_slots_ptr,
                                                           cu_num_logits_ptr, seq_lens_ptr, row_id,
@@ -619,32 +626,61 @@ def _finish_kernel(
         (row_ptr, mask_row_ptr, key, inv_temp, top_k, top_p, min_p, num_logprobs, is_random,
          filtered) = _row_inputs(logits, mask, bitmask_stride, slots_ptr, slot, first_row + r,
                                  seq_len + r, VOCAB, K)
-        part, fill, pool_x, pool_id, stats, top, _ = workspace_row(workspace, row_id, SPLITS, CAP)
-        n_pool = tl.load(fill, cache_modifier=".cg")
-        # Every thread reads the count before any resets it (each thread loads it itself).
-        tl.debug_barrier()
-        tl.store(fill, 0)  # the next launch captures into an empty pool, with no shared floor
-        tl.store(fill + 1, 0)
-        pool = (part, n_pool, pool_x, pool_id, stats)
-        small_k = filtered & (top_k > 0) & (top_k <= SMALL_K)
-        token = settle_token(pool, row_ptr, mask_row_ptr, mask_on, key, inv_temp, top_k, top_p,
-                             min_p, is_random, filtered, small_k, VOCAB, SPLITS, CAP, TILE,
-                             BLOCK, SMALL_BLOCK, HAS_BITMASK, RADIX_BITS)
-        records_ptr, records_stride = records
-        rec_ptr = records_ptr + req.to(tl.int64) * records_stride
-        if K > 0:
-            if num_logprobs > 0:
-                settle_logprobs(pool, top, rec_ptr, row_ptr, r, token, num_logprobs, VOCAB, M, K,
-                                SPLITS, CAP, TILE, BLOCK, SMALL_BLOCK)
-        if M == 1:
-            _assemble(rec_ptr, token, has_nan(part, SPLITS), 0, num_logprobs, M, K)
-        else:
-            # The request's rows settle in parallel; the last to finish verifies the drafts.
-            tokens, arrivals = workspace_request(workspace, req, M, SPLITS, CAP)
-            tl.store(tokens + r, token)
-            if _arrive(arrivals, m):
-                _assemble_drafts(rec_ptr, tokens, workspace, req, first_row, m, draft_ptr,
-                                 num_logprobs, M, K, SPLITS, CAP)
+        part, fill, pool_x, pool_id, stats, top, hot = workspace_row(workspace, row_id, SPLITS,
+                                                                     CAP)
+        # Only a top-p row without top-k and min-p may be split over the row's programs; the
+        # first program settles any other row alone, and the others leave at once.
+        nucleus = is_random & (top_p < 1.0) & ((top_k <= 0) | (top_k >= VOCAB)) & (min_p <= 0.0)
+        n_pool = tl.zeros((), tl.int32)
+        settles = tl.program_id(1) == 0
+        no = tl.program_id(1) < 0
+        drawn_before = (no, no, n_pool)
+        if (PROGRAMS > 1) & nucleus:
+            n_pool, settles, drawn_before = split_nucleus(fill, part, pool_x, pool_id, hot, stats,
+                                                          key, inv_temp, top_p, SPLITS, PROGRAMS,
+                                                          SLICE)
+        elif settles:
+            n_pool = tl.load(fill, cache_modifier=".cg")
+            # Every thread reads the count before any resets it (each thread loads it itself).
+            tl.debug_barrier()
+            close_pool(fill)
+        if settles:
+            _settle_row(row_ptr, mask_row_ptr, mask_on, key, inv_temp, top_k, top_p, min_p,
+                        num_logprobs, is_random, filtered, drawn_before, part, n_pool, pool_x,
+                        pool_id, stats, top, records, draft_ptr, workspace, req, r, first_row, m,
+                        VOCAB, M, K, SPLITS, CAP, BLOCK, SMALL_BLOCK, HAS_BITMASK)
+
+
+@triton.jit
+def _settle_row(row_ptr, mask_row_ptr, mask_on, key, inv_temp, top_k, top_p, min_p, num_logprobs,
+                is_random, filtered, drawn_before, part, n_pool, pool_x, pool_id, stats, top,
+                records, draft_ptr, workspace, req, r, first_row, m, VOCAB: tl.constexpr,
+                M: tl.constexpr, K: tl.constexpr, SPLITS: tl.constexpr, CAP: tl.constexpr,
+                BLOCK: tl.constexpr, SMALL_BLOCK: tl.constexpr, HAS_BITMASK: tl.constexpr):
+    """A row's token, logprobs and (its request's last row) record, in the one program of the
+    finish that settles the row."""
+    TILE: tl.constexpr = pool_tile(CAP, K)
+    SMALL_K: tl.constexpr = small_top_k(BLOCK)
+    pool = (part, n_pool, pool_x, pool_id, stats)
+    small_k = filtered & (top_k > 0) & (top_k <= SMALL_K)
+    token = settle_token(pool, row_ptr, mask_row_ptr, mask_on, key, inv_temp, top_k, top_p,
+                         min_p, is_random, filtered, small_k, drawn_before, VOCAB, SPLITS,
+                         CAP, TILE, BLOCK, SMALL_BLOCK, HAS_BITMASK, RADIX_BITS)
+    records_ptr, records_stride = records
+    rec_ptr = records_ptr + req.to(tl.int64) * records_stride
+    if K > 0:
+        if num_logprobs > 0:
+            settle_logprobs(pool, top, rec_ptr, row_ptr, r, token, num_logprobs, VOCAB, M, K,
+                            SPLITS, CAP, TILE, BLOCK, SMALL_BLOCK)
+    if M == 1:
+        _assemble(rec_ptr, token, has_nan(part, SPLITS), 0, num_logprobs, M, K)
+    else:
+        # The request's rows settle in parallel; the last to finish verifies the drafts.
+        tokens, arrivals = workspace_request(workspace, req, M, SPLITS, CAP)
+        tl.store(tokens + r, token)
+        if _arrive(arrivals, m):
+            _assemble_drafts(rec_ptr, tokens, workspace, req, first_row, m, draft_ptr,
+                             num_logprobs, M, K, SPLITS, CAP)
 
 
 @triton.jit
@@ -802,13 +838,33 @@ def _splits_per_program(grid_rows: int, splits: int, override: int | None) -> in
     return min(group, max(splits, 1))
 
 
+def _finish_programs(grid_rows: int, splits: int, cap: int, vocab_size: int,
+                     override: int | None) -> tuple[int, int]:
+    """(programs per row, pool entries per program) of the finish."""
+    if override is not None:
+        if isinstance(override, bool) or not isinstance(override, int) \
+                or override not in (1, 2, 4, 8, 16) or override > MAX_PROGRAMS.value:
+            raise ValueError(f"finish_programs must be 1, 2, 4, 8 or 16, got {override!r}")
+        programs = override
+    else:
+        programs = next((p for rows, p in FINISH_PROGRAMS if grid_rows <= rows), 1)
+    # Each program's results go to the row's hot-lane scratch; the pool count word holds the
+    # count below the arrival fields; a slice under 16 entries is not worth a program.
+    while programs > 1 and (programs * STAT_WORDS.value > splits * HOT_LANES.value
+                            or cap // programs < 16):
+        programs //= 2
+    if splits < 2 or vocab_size >= 2**COUNT_BITS.value:
+        programs = 1
+    return programs, min(MAX_SLICE, cap // programs)
+
+
 def sample(logits: torch.Tensor, *, vocab_size: int, num_reqs: torch.Tensor,
            req_slots: torch.Tensor, cu_num_logits: torch.Tensor, seq_lens: torch.Tensor,
            tables: SlotTables, layout: RecordLayout, records: torch.Tensor, max_num_reqs: int,
            draft_tokens: torch.Tensor | None = None, bitmask: torch.Tensor | None = None,
            bitmask_rows: torch.Tensor | None = None, bitmask_enabled: torch.Tensor | None = None,
            workspace: SamplerWorkspace | None = None, block_size: int | None = None,
-           splits_per_program: int | None = None) -> None:
+           splits_per_program: int | None = None, finish_programs: int | None = None) -> None:
     """Sample every request of a sub-batch into `records` [>= max_num_reqs, layout.width].
 
     `num_reqs` [1] int32 holds n on the device; `max_num_reqs` is the static grid bound. With a
@@ -816,8 +872,9 @@ def sample(logits: torch.Tensor, *, vocab_size: int, num_reqs: torch.Tensor,
     allocates nothing, so it can run inside a captured graph; without one it allocates a
     workspace per call (eager use only). `block_size` (power of two) overrides the vocab tile,
     `splits_per_program` (1 to MAX_SPLITS_PER_PROGRAM) the vocabulary chunks a scan program
-    streams (by default `SPLITS_PER_PROGRAM` of the grid's rows; one compiled scan per value);
-    neither changes a result."""
+    streams (by default `SPLITS_PER_PROGRAM` of the grid's rows; one compiled scan per value),
+    `finish_programs` (1, 2, 4, 8 or 16) the programs per row of the finish (by default
+    `FINISH_PROGRAMS`; fewer where the workspace has no room); none changes a result."""
     if not isinstance(logits, torch.Tensor):
         raise TypeError(f"logits must be a torch.Tensor, got {type(logits).__name__}")
     if logits.dtype not in LOGITS_DTYPES:
@@ -872,7 +929,10 @@ def sample(logits: torch.Tensor, *, vocab_size: int, num_reqs: torch.Tensor,
         launch(_scan_kernel, scan_grid, logits_arg, *batch, None, 0, bitmask_enabled,
                tables.packed, *workspace_arg, CHUNK=chunk, GROUP=group, **sizes,
                **scan_options(False, chunk_block))
-    launch(_finish_kernel, (max_num_reqs * m,), logits_arg, *batch, mask, bitmask_stride,
-           bitmask_enabled, tables.packed, *workspace_arg, (records, records.stride(0)),
-           draft_tokens, **sizes, SMALL_BLOCK=min(block, SMALL_BLOCK_SIZE),
+    programs, slice_ = _finish_programs(max_num_reqs * m, splits, cap, vocab_size,
+                                        finish_programs)
+    launch(_finish_kernel, (max_num_reqs * m, programs), logits_arg, *batch, mask,
+           bitmask_stride, bitmask_enabled, tables.packed, *workspace_arg,
+           (records, records.stride(0)), draft_tokens, **sizes,
+           SMALL_BLOCK=min(block, SMALL_BLOCK_SIZE), PROGRAMS=programs, SLICE=slice_,
            num_warps=8 if chunk_block >= 1024 else 4, **NO_FMA)

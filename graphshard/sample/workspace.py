@@ -11,7 +11,8 @@ Sections, in order (rows = max_num_reqs * M, one per logits row a launch may sam
 - pool [rows, 2, pool_size]: the candidates' logit bits and ids (`candidates`);
 - hot [rows, splits, HOT_LANES]: scratch where a scan program lists the lanes it reads again
   (`kernels._capture_hot`); written before it is read;
-- stats [NUM_STATS]: cumulative counts of rows the slower whole-row paths settled;
+- stats [NUM_STATS]: cumulative counts of rows the slower whole-row paths settled, and of rows
+  the split nucleus draw settled;
 - tokens [rows] and arrivals [max_num_reqs]: a request's settled tokens, and how many of its
   rows have settled (reset to 0 by the last, which writes the request's record).
 """
@@ -59,6 +60,7 @@ NUM_STATS = tl.constexpr(4)
 STAT_DRAWS = tl.constexpr(0)
 STAT_LOGPROBS = tl.constexpr(1)
 STAT_COUNTS = tl.constexpr(2)
+STAT_SPLIT = tl.constexpr(3)  # rows the split nucleus draw settled (not a slower path)
 STAT_NAMES = ("draw_fallback", "logprobs_fallback", "counted")
 
 
@@ -179,3 +181,8 @@ class SamplerWorkspace:
         verifying the unfiltered winner, or the sampled token's rank). Every other row was
         settled from its candidates. Reads the device: for tests and benchmarks, not a step."""
         return dict(zip(STAT_NAMES, self.stats.tolist()))
+
+    def split_draws(self) -> int:
+        """How many top-p rows since allocation were drawn by several programs of the finish
+        (`graphshard.sample.nucleus`). Reads the device: for tests and benchmarks."""
+        return int(self.stats[STAT_SPLIT.value])

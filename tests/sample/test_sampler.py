@@ -77,7 +77,7 @@ def i32(x, device=DEVICE):
 
 def run_kernel(b: Batch, *, M=1, K=0, vocab_size=V, max_num_reqs=None, n=None, slot_params=None,
                records=None, block_size=BLOCK, chunk_size=CHUNK, bitmask_enabled=None,
-               workspace=None, splits_per_program=None):
+               workspace=None, splits_per_program=None, finish_programs=None):
     """Launch the sampler on `b` with padded request arrays; returns the records (CPU).
 
     Without `workspace`, one is allocated with `chunk_size`; `chunk_size=None` leaves the
@@ -110,7 +110,7 @@ def run_kernel(b: Batch, *, M=1, K=0, vocab_size=V, max_num_reqs=None, n=None, s
         cu_num_logits=i32(np.concatenate([cu, [cu[-1]] * pad])),
         seq_lens=i32(list(b.seq_lens) + [0] * pad), tables=tables, layout=layout,
         records=records, max_num_reqs=max_num_reqs, workspace=workspace, block_size=block_size,
-        splits_per_program=splits_per_program, **kwargs)
+        splits_per_program=splits_per_program, finish_programs=finish_programs, **kwargs)
     return records.cpu(), layout
 
 
@@ -763,7 +763,8 @@ def test_one_compiled_kernel_pair_serves_every_batch_size(monkeypatch):
     scans = keys[sampler._scan_kernel]
     assert len(set(scans[:4])) == 1 and len(set(scans[4:])) == 1 and scans[0] != scans[4]
     assert grids[sampler._scan_kernel] == [(2, 4), (8, 4), (16, 4), (32, 4), (8, 2), (32, 2)]
-    assert grids[sampler._finish_kernel] == [(2 * b,) for b in bounds]
+    # Two programs per row and more only at small batch (FINISH_PROGRAMS): all of these.
+    assert grids[sampler._finish_kernel] == [(2 * b, 16) for b in bounds]
 
 
 def test_splits_per_program_by_grid_rows():
@@ -776,6 +777,23 @@ def test_splits_per_program_by_grid_rows():
     for bad in (0, -1, 5, 1.5, True, "2"):
         with pytest.raises(ValueError, match="splits_per_program"):
             sampler._splits_per_program(1, 19, bad)
+
+
+def test_finish_programs_by_grid_rows_and_room():
+    rows, programs = sampler.FINISH_PROGRAMS[0]
+    # V = 152064: 19 chunks, a pool of 8192, slices of 256.
+    assert sampler._finish_programs(rows, 19, 8192, 152064, None) == (programs, 256)
+    assert sampler._finish_programs(rows + 1, 19, 8192, 152064, None) == (1, 256)
+    assert sampler._finish_programs(1, 19, 8192, 152064, 4) == (4, 256)
+    # Room: 2 chunks hold 640 scratch words (8 programs), a pool of 64 slices of 16 (4).
+    assert sampler._finish_programs(1, 2, 8192, 16000, 16) == (8, 256)
+    assert sampler._finish_programs(1, 4, 64, 200, 16) == (4, 16)
+    # One chunk, or a vocabulary past the pool word's count bits: one program.
+    assert sampler._finish_programs(1, 1, 256, 200, 16)[0] == 1
+    assert sampler._finish_programs(1, 200, 16384, 2**20, 16)[0] == 1
+    for bad in (0, 3, 32, 1.5, True, "2"):
+        with pytest.raises(ValueError, match="finish_programs"):
+            sampler._finish_programs(1, 19, 8192, 152064, bad)
 
 
 def test_bitmask_row_stride_does_not_specialise(monkeypatch):
@@ -909,11 +927,17 @@ def adversarial_batch(rs, kinds, vocab=AV, padded=APV) -> Batch:
     return b
 
 
-def run_adversarial(b: Batch, pool_size=None, vocab=AV, chunk=A_CHUNK, block=A_BLOCK):
+def run_adversarial(b: Batch, pool_size=None, vocab=AV, chunk=A_CHUNK, block=A_BLOCK,
+                    finish_programs=None, split_draws=None):
+    """Sample `b` and check it against the reference -> the workspace's slow-path counts.
+    `split_draws`: a list the count of rows drawn by the split nucleus draw is appended to."""
     ws = sampler.SamplerWorkspace.allocate(len(b.params), 1, vocab, DEVICE, chunk_size=chunk,
                                            pool_size=pool_size)
-    records, layout = run_kernel(b, K=3, vocab_size=vocab, block_size=block, workspace=ws)
+    records, layout = run_kernel(b, K=3, vocab_size=vocab, block_size=block, workspace=ws,
+                                 finish_programs=finish_programs)
     assert_same(records, layout, run_ref(b, K=3, vocab_size=vocab))
+    if split_draws is not None:
+        split_draws.append(ws.split_draws())
     return ws.paths()
 
 
@@ -925,11 +949,13 @@ def test_adversarial_rows_match_reference(kind):
 
 
 @settings(max_examples=12, deadline=None)
-@given(seed=st.integers(0, 2**32 - 1), small_pool=st.booleans())
-def test_adversarial_batches_match_reference(seed, small_pool):
+@given(seed=st.integers(0, 2**32 - 1), small_pool=st.booleans(),
+       finish_programs=st.sampled_from([1, 2, 16]))
+def test_adversarial_batches_match_reference(seed, small_pool, finish_programs):
     rs = np.random.default_rng(seed)
     kinds = [str(k) for k in rs.choice(ROW_KINDS, size=3)]
-    run_adversarial(adversarial_batch(rs, kinds), pool_size=16 if small_pool else None)
+    run_adversarial(adversarial_batch(rs, kinds), pool_size=16 if small_pool else None,
+                    finish_programs=finish_programs)
 
 
 def min_p_batch(rs, kind: str, vocab=AV, padded=APV) -> Batch:
@@ -976,14 +1002,17 @@ def test_every_path_settles_rows_exactly():
     assert paths["draw_fallback"] == 4 and paths["logprobs_fallback"] == 4
 
 
+@pytest.mark.parametrize("programs", [1, 16])
 @pytest.mark.parametrize("chunk", [2048, 4096])
-def test_pools_past_one_sort_tile_settle_from_candidates(chunk):
+def test_pools_past_one_sort_tile_settle_from_candidates(chunk, programs):
     """Pools larger than a sort tile with room behind them, alone and after a top-k above the
     pool's small bound, equal the reference with no row off the candidate path. With 2048-column
     chunks these rows pool 2102-2185 entries of 4096: the top-p threshold comes from the pivot
     pass and the sorted interval (`candidates.search_mass`). With 4096-column chunks they pool
     1038-1192 entries of 2048: one sort of two tiles (`resolve.draw_from_pool`). (Pool sizes read
-    on CPU with the finish instrumented.)"""
+    on CPU with the finish instrumented.) That is with one finish program per row; with 16 (the
+    default at small batch) the three top-p rows without top-k are drawn by their slices'
+    programs instead (`graphshard.sample.nucleus`), 9 to 17 slices of 128 or 256."""
     rs = np.random.default_rng(31)
     vocab, padded = 16000, 16384
     b = adversarial_batch(rs, ["flat"] * 4, vocab, padded)
@@ -991,8 +1020,12 @@ def test_pools_past_one_sort_tile_settle_from_candidates(chunk):
                 SamplingParams(temperature=0.8, top_p=0.5, seed=2, num_logprobs=2),
                 SamplingParams(temperature=1.3, top_k=400, top_p=0.8, seed=3),
                 SamplingParams(temperature=0.5, top_p=0.95, seed=4)]
-    paths = run_adversarial(b, vocab=vocab, chunk=chunk, block=1024)
+    split = []
+    paths = run_adversarial(b, vocab=vocab, chunk=chunk, block=1024, finish_programs=programs,
+                            split_draws=split)
     assert paths == {"draw_fallback": 0, "logprobs_fallback": 0, "counted": 0}
+    # With several programs per row, the three top-p rows without top-k are split.
+    assert split == [3 if programs > 1 else 0]
 
 
 @pytest.mark.parametrize("top_k", [5, 20, 256])

@@ -1,0 +1,216 @@
+"""Triton device functions of the split nucleus draw: the top-p threshold and draw of a large pool
+settled by several programs of the per-request kernel at once (small batches).
+
+One program settling a top-p row whose pool holds thousands of entries passes over it four times
+(pivot masses, the threshold's interval, its sort, the draw), each pass waiting on a tile's loads
+and on block-wide reductions, tile after tile (BENCHMARKS.md: ~25 µs at batch 1 on an H200). Here
+the row's programs take a slice of SLICE pool entries each:
+1. `weigh_slice`, in every program with a slice: the mass, count and Gumbel-max winner of its
+   entries in each interval between two of the pivots of `candidates.mass_pivots`, stored to the
+   row's scratch, and the slice reordered in place by interval (pool order is free: every answer
+   from the pool breaks ties by id), so that an interval's entries lie together.
+2. `settle_split`, in the last program to arrive: the summed masses say which interval holds the
+   threshold; its entries (at most SORT_LIMIT) are gathered from the slices and sorted, which gives
+   the threshold, and the token is the best of the interval's Gumbel scores above it and of the
+   winners of the intervals above it.
+The answer is `candidates.search_mass`'s threshold and `candidates.draw_pool`'s token.
+"""
+
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+from graphshard.sample import rng
+from graphshard.sample.candidates import (PIVOTS, SHORT_POOL, SORT_LIMIT, floor_score,
+                                          mass_pivots, mass_threshold)
+from graphshard.sample.floors import ID_BITS
+from graphshard.sample.resolve import load_part, softmax_mass
+from graphshard.sample.workspace import P_FLOOR_S, P_MAX_X, P_SUM_S, STAT_SPLIT
+
+# The most programs a row's finish may have (a power of two: the last program loads every
+# program's results as one [MAX_PROGRAMS, PIVOTS] block).
+MAX_PROGRAMS = tl.constexpr(16)
+# Scratch words per program: per interval its mass, count, best Gumbel score and its id.
+STAT_WORDS = tl.constexpr(4 * PIVOTS)
+_NO_ID = tl.constexpr(2147483647)
+# The row's pool count word (`fill`) doubles as the finish programs' arrival counter: the low
+# COUNT_BITS hold the count the scan left, and each program adds OPENED when it reads it and
+# (with a slice) WEIGHED when its slice is weighed. The program that completes the count resets
+# the word for the next launch.
+COUNT_BITS = tl.constexpr(20)
+_COUNT_MASK = tl.constexpr((1 << 20) - 1)
+_OPENED = tl.constexpr(1 << 20)
+_WEIGHED = tl.constexpr(1 << 26)
+
+
+@triton.jit
+def close_pool(fill):
+    """The row's last use of its pool count: the next launch captures into an empty pool, with
+    no shared floor."""
+    tl.store(fill, 0)
+    tl.store(fill + 1, 0)
+
+
+@triton.jit
+def split_nucleus(fill, part, pool_x, pool_id, stats_ptr, counters, key, inv_temp, top_p,
+                  SPLITS: tl.constexpr, PROGRAMS: tl.constexpr, SLICE: tl.constexpr):
+    """A row's finish over PROGRAMS programs -> (pool count, whether this program settles the
+    row, the draw made here for `resolve.settle_token`: (used, drawn, token)).
+
+    For a top-p row without top-k and min-p (the caller checks). One whose pool spans 2 to
+    PROGRAMS slices, with a finite floor below a finite maximum (the pivots' interval), is drawn
+    by its slices' programs and settled by the last of them; any other by its first program. `stats_ptr`: the
+    row's scratch of PROGRAMS * STAT_WORDS words; `counters`: the workspace's stats."""
+    q = tl.program_id(1)
+    seen = tl.atomic_add(fill, _OPENED, sem="relaxed", scope="gpu") + _OPENED
+    n_pool = seen & _COUNT_MASK
+    active = tl.zeros((), tl.int32)
+    settles = q == 0
+    used = q < 0
+    drawn = q < 0
+    token = tl.zeros((), tl.int32)
+    if (n_pool > SLICE) & (n_pool <= PROGRAMS * SLICE):
+        max_x = tl.max(load_part(part, P_MAX_X, SPLITS, float("-inf"), True), axis=0)
+        max_s = max_x * inv_temp
+        floor_x = tl.max(load_part(part, P_FLOOR_S, SPLITS, float("-inf"), True), axis=0)
+        lo = floor_score(floor_x, inv_temp)  # the best score an uncaptured token can have
+        spread = max_s - lo
+        if (max_x > float("-inf")) & (lo > float("-inf")) & (spread >= 0.0) \
+                & (spread < float("inf")):
+            active = (n_pool + SLICE - 1) // SLICE
+            settles = q < 0
+            if q < active:
+                norm = softmax_mass(part, P_MAX_X, P_SUM_S, max_s, inv_temp, SPLITS)
+                weigh_slice(pool_x, pool_id, n_pool, q, inv_temp, max_s, lo,
+                            mass_pivots(lo, spread, n_pool), key, stats_ptr, SLICE)
+                tl.debug_barrier()  # the slice's stores come from every thread of the program
+                after = tl.atomic_add(fill, _WEIGHED, sem="acq_rel", scope="gpu") + _WEIGHED
+                tl.debug_barrier()
+                _count_in(fill, after, active, PROGRAMS)
+                if (after >> 26) == active:
+                    settles = q >= 0
+                    used, thr, token = settle_split(pool_x, pool_id, stats_ptr, active, inv_temp,
+                                                    max_s, top_p * norm, key, SLICE)
+                    drawn = used & (thr > lo)
+                    if used:
+                        tl.atomic_add(counters + STAT_SPLIT, 1, sem="relaxed")
+    _count_in(fill, seen, active, PROGRAMS)
+    return n_pool, settles, (used, drawn, token)
+
+
+@triton.jit
+def _count_in(fill, seen, active, PROGRAMS: tl.constexpr):
+    """Reset the pool word when `seen`, its value after one of the row's atomic adds, holds
+    every program's OPENED and `active` WEIGHED: no program of the row reads it again."""
+    if (((seen >> 20) & 63) == PROGRAMS) & ((seen >> 26) == active):
+        close_pool(fill)
+
+
+@triton.jit
+def weigh_slice(pool_x_ptr, pool_id_ptr, n_cand, q, inv_temp, max_s, lo, pivots, key, stats_ptr,
+                SLICE: tl.constexpr):
+    """Program `q`'s part: weigh, race and reorder pool entries [q * SLICE, (q + 1) * SLICE). An
+    entry counts when it is allowed with a finite score s >= lo (= pivots[0]); its interval is
+    the last pivot at or below s, so the entries at or above pivot k are those of intervals >= k.
+    Counted entries go first, by interval, the rest after them."""
+    at = tl.arange(0, PIVOTS)
+    i = q * SLICE + tl.arange(0, SLICE)
+    live = i < n_cand
+    x = tl.load(pool_x_ptr + i, mask=live, other=0xFF800000, cache_modifier=".cg")  # logit bits
+    ids = tl.load(pool_id_ptr + i, mask=live, other=0, cache_modifier=".cg")
+    s = tl.where(live & (ids >= 0), x.to(tl.float32, bitcast=True) * inv_temp, float("-inf"))
+    counted = (s > float("-inf")) & (s >= lo)
+    interval = tl.sum((s[None, :] >= pivots[:, None]).to(tl.int32), axis=0) - 1  # [SLICE]
+    interval = tl.where(counted, interval, PIVOTS)
+    w = tl.where(counted, tl.exp(s - max_s), 0.0)
+    z = tl.where(counted, s + rng.gumbel(key, ids & ID_BITS), float("-inf"))
+    member = interval[None, :] == at[:, None]  # [PIVOTS, SLICE]
+    mass = tl.sum(tl.where(member, w[None, :], 0.0), axis=1)
+    count = tl.sum(member.to(tl.int32), axis=1)
+    best_z = tl.max(tl.where(member, z[None, :], float("-inf")), axis=1)
+    best_id = tl.min(tl.where(member & (z[None, :] == best_z[:, None]), (ids & ID_BITS)[None, :],
+                              _NO_ID), axis=1)
+    # Where each entry goes: its interval's start plus its rank within the interval.
+    start = tl.cumsum(count, axis=0) - count  # [PIVOTS]
+    rank = tl.cumsum(member.to(tl.int32), axis=1) - 1  # [PIVOTS, SLICE]
+    pos = tl.sum(tl.where(member, start[:, None] + rank, 0), axis=0)
+    rest = tl.sum(count, axis=0) + tl.cumsum((live & ~counted).to(tl.int32), axis=0) - 1
+    pos = q * SLICE + tl.where(counted, pos, rest)
+    tl.debug_barrier()  # every entry of the slice is loaded before any is overwritten
+    tl.store(pool_x_ptr + pos, x, mask=live)
+    tl.store(pool_id_ptr + pos, ids, mask=live)
+    base = stats_ptr + q * STAT_WORDS
+    tl.store(base + at, mass.to(tl.int32, bitcast=True))
+    tl.store(base + PIVOTS + at, count)
+    tl.store(base + 2 * PIVOTS + at, best_z.to(tl.int32, bitcast=True))
+    tl.store(base + 3 * PIVOTS + at, best_id)
+
+
+@triton.jit
+def settle_split(pool_x_ptr, pool_id_ptr, stats_ptr, active, inv_temp, max_s, target, key,
+                 SLICE: tl.constexpr):
+    """The last program's part, once `active` programs have weighed their slices -> (settled,
+    threshold, token). Not settled when the interval that holds the threshold has more than
+    SORT_LIMIT entries (the caller searches the whole pool). A threshold of -inf: the counted
+    mass does not reach `target` (the pool cannot prove the threshold)."""
+    at = tl.arange(0, PIVOTS)
+    progs = tl.arange(0, MAX_PROGRAMS)
+    cell = stats_ptr + progs[:, None] * STAT_WORDS + at[None, :]  # [MAX_PROGRAMS, PIVOTS]
+    here = (progs[:, None] < active) & (at[None, :] >= 0)
+    mass = tl.load(cell, mask=here, other=0, cache_modifier=".cg").to(tl.float32, bitcast=True)
+    count = tl.load(cell + PIVOTS, mask=here, other=0, cache_modifier=".cg")
+    best_z = tl.load(cell + 2 * PIVOTS, mask=here, other=0xFF800000,
+                     cache_modifier=".cg").to(tl.float32, bitcast=True)
+    best_id = tl.load(cell + 3 * PIVOTS, mask=here, other=_NO_ID, cache_modifier=".cg")
+    interval_mass = tl.sum(mass, axis=0)  # [PIVOTS]
+    # The mass at or above each pivot; the threshold's interval is the last that reaches target
+    # (the sums are rounded separately: take the last, not a count).
+    above = tl.sum(tl.where(at[None, :] >= at[:, None], interval_mass[None, :], 0.0), axis=1)
+    j = tl.max(tl.where(above >= target, at, -1), axis=0)
+    settled = j < 0  # no threshold: the pool cannot prove one
+    thr = tl.full((), float("-inf"), tl.float32)
+    token = tl.full((), 0, tl.int32)
+    if j >= 0:
+        # Per program: interval j's entries, and where they start in its slice.
+        in_j = tl.sum(tl.where(at[None, :] == j, count, 0), axis=1)  # [MAX_PROGRAMS]
+        at_j = progs * SLICE + tl.sum(tl.where(at[None, :] < j, count, 0), axis=1)
+        n_in = tl.sum(in_j, axis=0)
+        carry = tl.sum(tl.where(at == j + 1, above, 0.0), axis=0)  # the mass above the interval
+        upper = here & (at[None, :] > j)
+        top_z = tl.max(tl.max(tl.where(upper, best_z, float("-inf")), axis=1), axis=0)
+        top_id = tl.min(tl.min(tl.where(upper & (best_z == top_z), best_id, _NO_ID), axis=1),
+                        axis=0)
+        z = tl.full((), float("-inf"), tl.float32)
+        z_id = tl.full((), _NO_ID, tl.int32)
+        # An empty interval (the separately rounded sums disagree) or one too full for a sort:
+        # the caller searches the whole pool.
+        settled = (n_in > 0) & (n_in <= SORT_LIMIT)
+        if (n_in > 0) & (n_in <= SHORT_POOL):
+            thr, z, z_id = _settle_interval(pool_x_ptr, pool_id_ptr, in_j, at_j, inv_temp, max_s,
+                                            carry, target, key, SHORT_POOL)
+        elif settled:
+            thr, z, z_id = _settle_interval(pool_x_ptr, pool_id_ptr, in_j, at_j, inv_temp, max_s,
+                                            carry, target, key, SORT_LIMIT)
+        better = (z > top_z) | ((z == top_z) & (z_id < top_id))
+        token = tl.where(better, z_id, top_id)
+    return settled, thr, token
+
+
+@triton.jit
+def _settle_interval(pool_x_ptr, pool_id_ptr, in_j, at_j, inv_temp, max_s, carry, target, key,
+                     N: tl.constexpr):
+    """Gather the threshold's interval, `in_j` entries from `at_j` in each program's slice (the
+    first N in all) -> (threshold, best Gumbel score at or above it, its lowest id)."""
+    i = tl.arange(0, N)
+    start = tl.cumsum(in_j, axis=0) - in_j  # [MAX_PROGRAMS]: where each slice's entries go
+    mine = (i[:, None] >= start[None, :]) & (i[:, None] < (start + in_j)[None, :])  # [N, P]
+    addr = tl.sum(tl.where(mine, (at_j - start)[None, :] + i[:, None], 0), axis=1)
+    live = i < tl.sum(in_j, axis=0)
+    x = tl.load(pool_x_ptr + addr, mask=live, other=0, cache_modifier=".cg")
+    ids = tl.load(pool_id_ptr + addr, mask=live, other=0, cache_modifier=".cg") & ID_BITS
+    s = x.to(tl.float32, bitcast=True) * inv_temp
+    thr = mass_threshold(s, live, carry, max_s, target)
+    z = tl.where(live & (s >= thr), s + rng.gumbel(key, ids), float("-inf"))
+    top_z = tl.max(z, axis=0)
+    return thr, top_z, tl.min(tl.where(z == top_z, ids, _NO_ID), axis=0)
