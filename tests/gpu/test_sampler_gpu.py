@@ -36,6 +36,29 @@ def test_benchmark_settings_settle_from_candidates(name, dtype):
     records, layout = run_kernel(b, K=20, vocab_size=V, block_size=None, workspace=ws)
     assert_same(records, layout, run_ref(b, K=20, vocab_size=V))
     assert ws.paths() == {"draw_fallback": 0, "logprobs_fallback": 0, "counted": 0}
+    # 48 rows take 16 finish programs each: every top-p pool (~2400 entries) is split.
+    assert ws.split_draws() == (n if name == "top_p" else 0)
+
+
+@pytest.mark.parametrize("programs", [1, 16])
+def test_split_nucleus_draw_full_vocabulary(programs):
+    """Top-p rows alone and with logprobs, drawn with 1 and 16 finish programs per row, twice
+    into one workspace (the pool word's arrival counts reset), equal the reference; with 16,
+    every row is split (a pool of ~2400 entries spans 10 slices of 256)."""
+    rs = np.random.default_rng(40 + programs)
+    n = 8
+    params = [SamplingParams(temperature=t, top_p=p, seed=i, num_logprobs=i % 3)
+              for i, (t, p) in enumerate(zip([0.8, 1.0, 0.5, 1.3] * 2,
+                                             [0.9, 0.5, 0.95, 0.99, 0.7, 0.3, 0.9, 0.8]))]
+    b = make_batch(rs, params)
+    b.logits = torch.from_numpy(rs.standard_normal((n, PV)).astype(np.float32)) * 3
+    ws = sampler.SamplerWorkspace.allocate(n, 1, V, "cuda")
+    for _ in range(2):
+        records, layout = run_kernel(b, K=20, vocab_size=V, block_size=None, workspace=ws,
+                                     finish_programs=programs)
+        assert_same(records, layout, run_ref(b, K=20, vocab_size=V))
+    assert ws.paths() == {"draw_fallback": 0, "logprobs_fallback": 0, "counted": 0}
+    assert ws.split_draws() == (0 if programs == 1 else 2 * n)
 
 
 @pytest.mark.parametrize("name", ["top_k_top_p", "greedy_logprobs_20", "top_p"])
