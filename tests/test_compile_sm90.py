@@ -88,12 +88,12 @@ def report() -> list[dict]:
         for vocab, dtype, m, k, bitmask, programs in [(152064, "fp32", 1, 20, False, 16),
                                                       (32000, "bf16", 3, 3, True, 1)]:
             splits = -(-vocab // CHUNK_SIZE)
-            finish = dict(zip(("PROGRAMS", "SLICE"), sampler._finish_programs(
-                1, splits, pool_size_for(splits, vocab, None), vocab, programs)))
+            finish = dict(PROGRAMS=sampler._finish_programs(
+                1, splits, pool_size_for(splits, vocab, None), vocab, programs)[0])
             i32 = "*i32"
             common = dict(logits=(f"*{dtype}", "i32"), num_reqs_ptr=i32, req_slots_ptr=i32,
-                          cu_num_logits_ptr=i32, seq_lens_ptr=i32, slots_ptr=i32,
-                          ws_ptr=i32, rows="i32", records=(i32, "i32"), bitmask_stride="i32")
+                          cu_num_logits_ptr=i32, seq_lens_ptr=i32, buffers=(i32, i32),
+                          rows="i32", records=(i32, "i32"), bitmask_stride="i32")
             # Absent optional inputs are None: constexprs.
             optional = dict(mask=sampler.Bitmask(i32, i32) if bitmask else None,
                             bitmask_on_ptr=i32 if bitmask else None,

@@ -188,6 +188,12 @@ def pool_tile(cap, k):
     return max(min(POOL_TILE, cap), padded(k))
 
 
+@triton.constexpr_function
+def finish_slice(cap, programs):
+    """Pool entries each of a row's finish programs weighs (`nucleus.split_nucleus`)."""
+    return min(MAX_SLICE, cap // programs)
+
+
 # Arguments that travel together go as tuples: (pointer, row stride) of the logits and of the
 # records, and the Bitmask; optional inputs are None when absent (the kernels test for None at
 # compile time). Triton specialises a tuple's elements whatever the parameter's options (an int
@@ -271,13 +277,13 @@ def _scan_kernel(
     mask,  # Bitmask or None
     bitmask_stride,  # row stride of mask.words (0 without a bitmask)
     bitmask_on_ptr,  # [1] int32: 0 = this step has no bitmask; None: no per-step flag
-    slots_ptr,  # [max_num_slots, SLOT_WIDTH] int32, packed SlotTables
-    ws_ptr,  # SamplerWorkspace.buffer
+    buffers,  # (packed SlotTables [max_num_slots, SLOT_WIDTH] int32, SamplerWorkspace.buffer)
     rows,  # rows of the workspace (max_num_reqs * M of its allocation)
     VOCAB: tl.constexpr, M: tl.constexpr, K: tl.constexpr, CHUNK: tl.constexpr,
     SPLITS: tl.constexpr, CAP: tl.constexpr, BLOCK: tl.constexpr, GROUP: tl.constexpr,
 ):
     HAS_BITMASK: tl.constexpr = mask is not None
+    slots_ptr, ws_ptr = buffers
     workspace = (ws_ptr, rows)
     SMALL_K: tl.constexpr = small_top_k(BLOCK)
     WIDE: tl.constexpr = chunk_top(BLOCK)
@@ -608,14 +614,16 @@ def _capture_cut(pool_x, pool_id, fill, raw, allowed, offs, scale, cut_s, cut_r,
 @triton.jit(do_not_specialize=_NOT_SPECIALISED, do_not_specialize_on_alignment=_ANY_ALIGNMENT)
 def _finish_kernel(
     logits, num_reqs_ptr, req_slots_ptr, cu_num_logits_ptr, seq_lens_ptr, mask, bitmask_stride,
-    bitmask_on_ptr, slots_ptr, ws_ptr, rows,  # as _scan_kernel
+    bitmask_on_ptr, buffers, rows,  # as _scan_kernel
     records,  # (pointer to [>= n, RecordLayout.width] int32, row stride)
     draft_ptr,  # [num_rows] int32, or None: no drafts
     VOCAB: tl.constexpr, M: tl.constexpr, K: tl.constexpr, SPLITS: tl.constexpr,
     CAP: tl.constexpr, BLOCK: tl.constexpr, SMALL_BLOCK: tl.constexpr,
-    PROGRAMS: tl.constexpr, SLICE: tl.constexpr,
+    PROGRAMS: tl.constexpr,
 ):
     HAS_BITMASK: tl.constexpr = mask is not None
+    SLICE: tl.constexpr = finish_slice(CAP, PROGRAMS)
+    slots_ptr, ws_ptr = buffers
     workspace = (ws_ptr, rows)
     row_id = tl.program_id(0)
     live, req, r, first_row, m, seq_len, slot = _open_row(num_reqs_ptr, req_slots_ptr,
@@ -628,44 +636,57 @@ def _finish_kernel(
                                  seq_len + r, VOCAB, K)
         part, fill, pool_x, pool_id, stats, top, hot = workspace_row(workspace, row_id, SPLITS,
                                                                      CAP)
-        # Only a top-p row without top-k and min-p may be split over the row's programs; the
-        # first program settles any other row alone, and the others leave at once.
-        nucleus = is_random & (top_p < 1.0) & ((top_k <= 0) | (top_k >= VOCAB)) & (min_p <= 0.0)
-        n_pool = tl.zeros((), tl.int32)
-        settles = tl.program_id(1) == 0
-        no = tl.program_id(1) < 0
-        drawn_before = (no, no, n_pool)
-        if (PROGRAMS > 1) & nucleus:
+        row = (row_ptr, mask_row_ptr, mask_on, key, inv_temp, top_k, top_p, min_p,
+               num_logprobs, is_random, filtered)
+        request = (req, r, first_row, m)
+        if PROGRAMS == 1:
+            pool = (part, _take_pool(fill), pool_x, pool_id, stats)
+            _settle_row(row, None, pool, top, records, draft_ptr, workspace, request, VOCAB, M, K,
+                        SPLITS, CAP, BLOCK, SMALL_BLOCK, HAS_BITMASK)
+        elif is_random & (top_p < 1.0) & ((top_k <= 0) | (top_k >= VOCAB)) & (min_p <= 0.0):
+            # Only a top-p row without top-k and min-p may be split over the row's programs.
             n_pool, settles, drawn_before = split_nucleus(fill, part, pool_x, pool_id, hot, stats,
                                                           key, inv_temp, top_p, SPLITS, PROGRAMS,
                                                           SLICE)
-        elif settles:
-            n_pool = tl.load(fill, cache_modifier=".cg")
-            # Every thread reads the count before any resets it (each thread loads it itself).
-            tl.debug_barrier()
-            close_pool(fill)
-        if settles:
-            _settle_row(row_ptr, mask_row_ptr, mask_on, key, inv_temp, top_k, top_p, min_p,
-                        num_logprobs, is_random, filtered, drawn_before, part, n_pool, pool_x,
-                        pool_id, stats, top, records, draft_ptr, workspace, req, r, first_row, m,
-                        VOCAB, M, K, SPLITS, CAP, BLOCK, SMALL_BLOCK, HAS_BITMASK)
+            if settles:
+                pool = (part, n_pool, pool_x, pool_id, stats)
+                _settle_row(row, drawn_before, pool, top, records, draft_ptr, workspace, request,
+                            VOCAB, M, K, SPLITS, CAP, BLOCK, SMALL_BLOCK, HAS_BITMASK)
+        elif tl.program_id(1) == 0:
+            # The first program settles any other row alone; the others leave at once.
+            pool = (part, _take_pool(fill), pool_x, pool_id, stats)
+            _settle_row(row, None, pool, top, records, draft_ptr, workspace, request, VOCAB, M, K,
+                        SPLITS, CAP, BLOCK, SMALL_BLOCK, HAS_BITMASK)
 
 
 @triton.jit
-def _settle_row(row_ptr, mask_row_ptr, mask_on, key, inv_temp, top_k, top_p, min_p, num_logprobs,
-                is_random, filtered, drawn_before, part, n_pool, pool_x, pool_id, stats, top,
-                records, draft_ptr, workspace, req, r, first_row, m, VOCAB: tl.constexpr,
-                M: tl.constexpr, K: tl.constexpr, SPLITS: tl.constexpr, CAP: tl.constexpr,
-                BLOCK: tl.constexpr, SMALL_BLOCK: tl.constexpr, HAS_BITMASK: tl.constexpr):
+def _take_pool(fill):
+    """The pool count of a row one program settles, the pool word reset for the next launch."""
+    n_pool = tl.load(fill, cache_modifier=".cg")
+    # Every thread reads the count before any resets it (each thread loads it itself).
+    tl.debug_barrier()
+    close_pool(fill)
+    return n_pool
+
+
+@triton.jit
+def _settle_row(row, drawn_before, pool, top, records, draft_ptr, workspace, request,
+                VOCAB: tl.constexpr, M: tl.constexpr, K: tl.constexpr, SPLITS: tl.constexpr,
+                CAP: tl.constexpr, BLOCK: tl.constexpr, SMALL_BLOCK: tl.constexpr,
+                HAS_BITMASK: tl.constexpr):
     """A row's token, logprobs and (its request's last row) record, in the one program of the
-    finish that settles the row."""
+    finish that settles the row. `row`: the mask flag and `_row_inputs`' results (as
+    `resolve.settle_token` takes them); `pool`: the row's (partials, pool count, pool logits,
+    pool ids, stats); `request`: (request, row within it, its first row, its rows);
+    `drawn_before`: see `resolve.settle_token`."""
+    row_ptr, top_k, num_logprobs, filtered = row[0], row[5], row[8], row[10]
+    req, r, first_row, m = request
+    part = pool[0]
     TILE: tl.constexpr = pool_tile(CAP, K)
     SMALL_K: tl.constexpr = small_top_k(BLOCK)
-    pool = (part, n_pool, pool_x, pool_id, stats)
     small_k = filtered & (top_k > 0) & (top_k <= SMALL_K)
-    token = settle_token(pool, row_ptr, mask_row_ptr, mask_on, key, inv_temp, top_k, top_p,
-                         min_p, is_random, filtered, small_k, drawn_before, VOCAB, SPLITS,
-                         CAP, TILE, BLOCK, SMALL_BLOCK, HAS_BITMASK, RADIX_BITS)
+    token = settle_token(pool, row, small_k, drawn_before, VOCAB, SPLITS, CAP, TILE, BLOCK,
+                         SMALL_BLOCK, HAS_BITMASK, RADIX_BITS)
     records_ptr, records_stride = records
     rec_ptr = records_ptr + req.to(tl.int64) * records_stride
     if K > 0:
@@ -855,7 +876,7 @@ def _finish_programs(grid_rows: int, splits: int, cap: int, vocab_size: int,
         programs //= 2
     if splits < 2 or vocab_size >= 2**COUNT_BITS.value:
         programs = 1
-    return programs, min(MAX_SLICE, cap // programs)
+    return programs, finish_slice(cap, programs)
 
 
 def sample(logits: torch.Tensor, *, vocab_size: int, num_reqs: torch.Tensor,
@@ -917,22 +938,23 @@ def sample(logits: torch.Tensor, *, vocab_size: int, num_reqs: torch.Tensor,
     bitmask_stride = bitmask.stride(0) if bitmask is not None else 0
     batch = (num_reqs, req_slots, cu_num_logits, seq_lens)
     logits_arg = (logits, logits.stride(0))
-    workspace_arg = (workspace.buffer, workspace.max_num_reqs * m)
+    # The slot tables and the workspace are fixed for the sampler's lifetime: one tuple.
+    buffers_arg = ((tables.packed, workspace.buffer), workspace.max_num_reqs * m)
     sizes = dict(VOCAB=vocab_size, M=m, K=k, SPLITS=splits, CAP=cap, BLOCK=chunk_block)
     group = _splits_per_program(max_num_reqs * m, splits, splits_per_program)
     scan_grid = (max_num_reqs * m, -(-splits // group))
     launch(_scan_kernel, scan_grid, logits_arg, *batch, mask, bitmask_stride, bitmask_enabled,
-           tables.packed, *workspace_arg, CHUNK=chunk, GROUP=group, **sizes,
+           *buffers_arg, CHUNK=chunk, GROUP=group, **sizes,
            **scan_options(bitmask is not None, chunk_block))
     if bitmask_enabled is not None:
         # The variant for steps whose flag is off (see `_scan_kernel`).
         launch(_scan_kernel, scan_grid, logits_arg, *batch, None, 0, bitmask_enabled,
-               tables.packed, *workspace_arg, CHUNK=chunk, GROUP=group, **sizes,
+               *buffers_arg, CHUNK=chunk, GROUP=group, **sizes,
                **scan_options(False, chunk_block))
-    programs, slice_ = _finish_programs(max_num_reqs * m, splits, cap, vocab_size,
+    programs, _ = _finish_programs(max_num_reqs * m, splits, cap, vocab_size,
                                         finish_programs)
     launch(_finish_kernel, (max_num_reqs * m, programs), logits_arg, *batch, mask,
-           bitmask_stride, bitmask_enabled, tables.packed, *workspace_arg,
+           bitmask_stride, bitmask_enabled, *buffers_arg,
            (records, records.stride(0)), draft_tokens, **sizes,
-           SMALL_BLOCK=min(block, SMALL_BLOCK_SIZE), PROGRAMS=programs, SLICE=slice_,
+           SMALL_BLOCK=min(block, SMALL_BLOCK_SIZE), PROGRAMS=programs,
            num_warps=8 if chunk_block >= 1024 else 4, **NO_FMA)

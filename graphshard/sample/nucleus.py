@@ -10,7 +10,7 @@ the row's programs take a slice of SLICE pool entries each:
    row's scratch, and the slice reordered in place by interval (pool order is free: every answer
    from the pool breaks ties by id), so that an interval's entries lie together.
 2. `settle_split`, in the last program to arrive: the summed masses say which interval holds the
-   threshold; its entries (at most SORT_LIMIT) are gathered from the slices and sorted, which gives
+   threshold; its entries (at most SHORT_POOL) are gathered from the slices and sorted, which gives
    the threshold, and the token is the best of the interval's Gumbel scores above it and of the
    winners of the intervals above it.
 The answer is `candidates.search_mass`'s threshold and `candidates.draw_pool`'s token.
@@ -22,8 +22,8 @@ import triton
 import triton.language as tl
 
 from graphshard.sample import rng
-from graphshard.sample.candidates import (PIVOTS, SHORT_POOL, SORT_LIMIT, floor_score,
-                                          mass_pivots, mass_threshold)
+from graphshard.sample.candidates import (PIVOTS, SHORT_POOL, floor_score, mass_pivots,
+                                          mass_threshold)
 from graphshard.sample.floors import ID_BITS
 from graphshard.sample.resolve import load_part, softmax_mass
 from graphshard.sample.workspace import P_FLOOR_S, P_MAX_X, P_SUM_S, STAT_SPLIT
@@ -152,7 +152,7 @@ def settle_split(pool_x_ptr, pool_id_ptr, stats_ptr, active, inv_temp, max_s, ta
                  SLICE: tl.constexpr):
     """The last program's part, once `active` programs have weighed their slices -> (settled,
     threshold, token). Not settled when the interval that holds the threshold has more than
-    SORT_LIMIT entries (the caller searches the whole pool). A threshold of -inf: the counted
+    SHORT_POOL entries (the caller searches the whole pool). A threshold of -inf: the counted
     mass does not reach `target` (the pool cannot prove the threshold)."""
     at = tl.arange(0, PIVOTS)
     progs = tl.arange(0, MAX_PROGRAMS)
@@ -183,15 +183,13 @@ def settle_split(pool_x_ptr, pool_id_ptr, stats_ptr, active, inv_temp, max_s, ta
                         axis=0)
         z = tl.full((), float("-inf"), tl.float32)
         z_id = tl.full((), _NO_ID, tl.int32)
-        # An empty interval (the separately rounded sums disagree) or one too full for a sort:
-        # the caller searches the whole pool.
-        settled = (n_in > 0) & (n_in <= SORT_LIMIT)
-        if (n_in > 0) & (n_in <= SHORT_POOL):
+        # An empty interval (the separately rounded sums disagree) or one past a short sort
+        # (a pool of more than ~4000 entries, or thousands of ties): the caller searches the
+        # whole pool.
+        settled = (n_in > 0) & (n_in <= SHORT_POOL)
+        if settled:
             thr, z, z_id = _settle_interval(pool_x_ptr, pool_id_ptr, in_j, at_j, inv_temp, max_s,
                                             carry, target, key, SHORT_POOL)
-        elif settled:
-            thr, z, z_id = _settle_interval(pool_x_ptr, pool_id_ptr, in_j, at_j, inv_temp, max_s,
-                                            carry, target, key, SORT_LIMIT)
         better = (z > top_z) | ((z == top_z) & (z_id < top_id))
         token = tl.where(better, z_id, top_id)
     return settled, thr, token

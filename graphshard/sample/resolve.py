@@ -94,16 +94,18 @@ def store_logprobs(rec_ptr, r, ids, vals, token_logprob, rank, num, M: tl.conste
 
 
 @triton.jit
-def settle_token(pool, row_ptr, mask_row_ptr, mask_on, key, inv_temp, top_k, top_p, min_p,
-                 is_random, filtered, small_k, drawn_before, VOCAB: tl.constexpr,
-                 SPLITS: tl.constexpr, CAP: tl.constexpr, TILE: tl.constexpr,
-                 BLOCK: tl.constexpr, SMALL_BLOCK: tl.constexpr, HAS_BITMASK: tl.constexpr,
-                 RADIX_BITS: tl.constexpr):
+def settle_token(pool, row, small_k, drawn_before, VOCAB: tl.constexpr, SPLITS: tl.constexpr,
+                 CAP: tl.constexpr, TILE: tl.constexpr, BLOCK: tl.constexpr,
+                 SMALL_BLOCK: tl.constexpr, HAS_BITMASK: tl.constexpr, RADIX_BITS: tl.constexpr):
     """The row's token: greedy argmax, unfiltered Gumbel winner, or the filtered draw. `pool` is
-    the row's (partials, pool count, pool logits, pool ids, stats); `drawn_before` (used, drawn,
-    token): a top-p-only row's draw from its pool that the split nucleus draw (`nucleus`)
-    already made, in place of `draw_from_pool`'s."""
+    the row's (partials, pool count, pool logits, pool ids, stats); `row` (logits row, bitmask
+    row, mask flag, RNG key, 1 / temperature, top_k, top_p, min_p, logprobs, random, filtered);
+    `small_k`: a top-k the scan captured whole; `drawn_before`, None or (used, drawn, token): a
+    top-p-only row's draw from its pool that the split nucleus draw (`nucleus`) already made, in
+    place of `draw_from_pool`'s where used."""
     part, n_pool, pool_x, pool_id, stats = pool
+    (row_ptr, mask_row_ptr, mask_on, key, inv_temp, top_k, top_p, min_p, _logprobs, is_random,
+     filtered) = row
     max_x, token = combine_max(part, P_MAX_X, P_ARG_X, SPLITS)
     if is_random:
         # An unfiltered row's winner. Without a finite score every chunk reports (-inf, 0):
@@ -120,14 +122,20 @@ def settle_token(pool, row_ptr, mask_row_ptr, mask_on, key, inv_temp, top_k, top
             floor_x = tl.max(load_part(part, P_FLOOR_S, SPLITS, float("-inf"), True),
                              axis=0)
             norm = softmax_mass(part, P_MAX_X, P_SUM_S, max_s, inv_temp, SPLITS)
-            used, drawn, token = drawn_before
-            # Without top-k and min-p (the split draw's rows) these are max_s and true.
-            t_m = max_s
-            k_ok = n_pool >= 0
-            if ~used:
+            if drawn_before is None:
                 drawn, token, t_m, k_ok = draw_from_pool(pool_x, pool_id, n_pool, floor_x, norm,
                                                          key, inv_temp, max_s, top_k, top_p,
                                                          min_p, VOCAB, CAP, TILE, RADIX_BITS)
+            else:
+                used, drawn, token = drawn_before
+                # Without top-k and min-p (the split draw's rows) these are max_s and true.
+                t_m = max_s
+                k_ok = n_pool >= 0
+                if ~used:
+                    drawn, token, t_m, k_ok = draw_from_pool(pool_x, pool_id, n_pool, floor_x,
+                                                             norm, key, inv_temp, max_s, top_k,
+                                                             top_p, min_p, VOCAB, CAP, TILE,
+                                                             RADIX_BITS)
             whole_row = ~drawn
             if whole_row & ~small_k:
                 # The unfiltered winner is the answer exactly when it survives the filters:
