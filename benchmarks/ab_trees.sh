@@ -36,9 +36,10 @@ cd "$(dirname "$0")/.."
 work=$(mktemp -d)
 status=0
 for i in "${!trees[@]}"; do
-  # The timed arguments at one mode and batch: the same kernel variants (a bitmask's too).
+  # The timed arguments at one mode: the same kernel variants (a bitmask's too; the batches
+  # pick the finish's programs per row, so they stay), compiled for every tree at once.
   (cd "${trees[$i]}" && timeout 300 python3 -m benchmarks.profile_kernels "${args[@]}" \
-    --modes greedy --batches 1 > "$work/warm_${names[$i]}.log" 2>&1) &
+    --modes greedy > "$work/warm_${names[$i]}.log" 2>&1) &
 done
 wait
 order=("${!trees[@]}")

@@ -1,5 +1,5 @@
-"""Graph-safe sampling of a sub-batch of requests: split-vocabulary passes, then one program per
-request that assembles its record.
+"""Graph-safe sampling of a sub-batch of requests: split-vocabulary passes, then a finish that
+settles each row and assembles each request's record.
 
 Contract
 --------
@@ -55,8 +55,12 @@ chunks of a row (one at small batch, so a single row spreads over many SMs; two 
    cut from its lanes' maxima, and only the lanes whose maximum reaches it are read again
    (from L2). Min-p-only rows cut at the row maximum published so
    far plus log(min_p) and need no floor search.
-2. `_finish_kernel`, grid `(max_num_reqs * M,)`, one program per row: settles the row
-   (`graphshard.sample.resolve`):
+2. `_finish_kernel`, grid `(max_num_reqs * M, PROGRAMS)`: settles each row
+   (`graphshard.sample.resolve`) in one program. PROGRAMS is 16 for grids of at most 64 rows
+   (`FINISH_PROGRAMS`), else 1: at small batch a top-p row without top-k and min-p has its pool
+   weighed by all of its programs, a slice each, and the last to arrive settles the threshold's
+   interval (`graphshard.sample.nucleus`); every other row is settled by its first program while
+   the rest exit.
    the greedy and unfiltered tokens combine the chunks; top-k, top-p, min-p and the top-K
    logprobs come from the pool whenever their thresholds lie above every chunk's capture floor,
    which is checked, so an answer from the pool is exact. Rows the pool cannot settle
