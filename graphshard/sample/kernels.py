@@ -647,20 +647,27 @@ def _finish_kernel(
             pool = (part, _take_pool(fill), pool_x, pool_id, stats)
             _settle_row(row, None, pool, top, records, draft_ptr, workspace, request, VOCAB, M, K,
                         SPLITS, CAP, BLOCK, SMALL_BLOCK, HAS_BITMASK)
-        elif is_random & (top_p < 1.0) & ((top_k <= 0) | (top_k >= VOCAB)) & (min_p <= 0.0):
-            # Only a top-p row without top-k and min-p may be split over the row's programs.
-            n_pool, settles, drawn_before = split_nucleus(fill, part, pool_x, pool_id, hot, stats,
-                                                          key, inv_temp, top_p, SPLITS, PROGRAMS,
-                                                          SLICE)
+        else:
+            # Only a top-p row without top-k and min-p may be split over the row's programs; the
+            # first program settles any other row alone, and the others leave at once. One call
+            # of `_settle_row` for both kinds of row: each call is inlined, and a second copy
+            # doubled the kernel's code (instruction fetch is what small batches wait on).
+            nucleus = is_random & (top_p < 1.0) & ((top_k <= 0) | (top_k >= VOCAB)) \
+                & (min_p <= 0.0)
+            n_pool = tl.zeros((), tl.int32)
+            settles = tl.program_id(1) == 0
+            no = tl.program_id(1) < 0
+            drawn_before = (no, no, n_pool)
+            if nucleus:
+                n_pool, settles, drawn_before = split_nucleus(fill, part, pool_x, pool_id, hot,
+                                                              stats, key, inv_temp, top_p, SPLITS,
+                                                              PROGRAMS, SLICE)
+            elif settles:
+                n_pool = _take_pool(fill)
             if settles:
                 pool = (part, n_pool, pool_x, pool_id, stats)
                 _settle_row(row, drawn_before, pool, top, records, draft_ptr, workspace, request,
                             VOCAB, M, K, SPLITS, CAP, BLOCK, SMALL_BLOCK, HAS_BITMASK)
-        elif tl.program_id(1) == 0:
-            # The first program settles any other row alone; the others leave at once.
-            pool = (part, _take_pool(fill), pool_x, pool_id, stats)
-            _settle_row(row, None, pool, top, records, draft_ptr, workspace, request, VOCAB, M, K,
-                        SPLITS, CAP, BLOCK, SMALL_BLOCK, HAS_BITMASK)
 
 
 @triton.jit
