@@ -89,7 +89,7 @@ def report() -> list[dict]:
                                                       (32000, "bf16", 3, 3, True, 1)]:
             splits = -(-vocab // CHUNK_SIZE)
             finish = dict(PROGRAMS=sampler._finish_programs(
-                1, splits, pool_size_for(splits, vocab, None), vocab, programs)[0])
+                1, splits, pool_size_for(splits, vocab, None), vocab, programs))
             i32 = "*i32"
             common = dict(logits=(f"*{dtype}", "i32"), num_reqs_ptr=i32, req_slots_ptr=i32,
                           cu_num_logits_ptr=i32, seq_lens_ptr=i32, buffers=(i32, i32),

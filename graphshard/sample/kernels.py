@@ -199,7 +199,7 @@ def finish_slice(cap, programs):
 
 
 # Arguments that travel together go as tuples: (pointer, row stride) of the logits and of the
-# records, and the Bitmask; optional inputs are None when absent (the kernels test for None at
+# records, the Bitmask, and the sampler's own buffers (slot tables, workspace); optional inputs are None when absent (the kernels test for None at
 # compile time). Triton specialises a tuple's elements whatever the parameter's options (an int
 # on being 1 or divisible by 16, a pointer on 16-byte alignment), so a tuple holds only what is
 # fixed for a caller's lifetime; a stride divisible by 16 lets the row loads vectorise. Nothing
@@ -690,7 +690,8 @@ def _settle_row(row, drawn_before, pool, top, records, draft_ptr, workspace, req
     `resolve.settle_token` takes them); `pool`: the row's (partials, pool count, pool logits,
     pool ids, stats); `request`: (request, row within it, its first row, its rows);
     `drawn_before`: see `resolve.settle_token`."""
-    row_ptr, top_k, num_logprobs, filtered = row[0], row[5], row[8], row[10]
+    row_ptr, _mask_row, _mask_on, _key, _inv_temp, top_k, _top_p, _min_p, num_logprobs, \
+        _random, filtered = row
     req, r, first_row, m = request
     part = pool[0]
     TILE: tl.constexpr = pool_tile(CAP, K)
@@ -871,8 +872,8 @@ def _splits_per_program(grid_rows: int, splits: int, override: int | None) -> in
 
 
 def _finish_programs(grid_rows: int, splits: int, cap: int, vocab_size: int,
-                     override: int | None) -> tuple[int, int]:
-    """(programs per row, pool entries per program) of the finish."""
+                     override: int | None) -> int:
+    """Programs per row of the finish (each weighs `finish_slice` pool entries)."""
     if override is not None:
         if isinstance(override, bool) or not isinstance(override, int) \
                 or override not in (1, 2, 4, 8, 16) or override > MAX_PROGRAMS.value:
@@ -887,7 +888,7 @@ def _finish_programs(grid_rows: int, splits: int, cap: int, vocab_size: int,
         programs //= 2
     if splits < 2 or vocab_size >= 2**COUNT_BITS.value:
         programs = 1
-    return programs, finish_slice(cap, programs)
+    return programs
 
 
 def sample(logits: torch.Tensor, *, vocab_size: int, num_reqs: torch.Tensor,
@@ -962,8 +963,7 @@ def sample(logits: torch.Tensor, *, vocab_size: int, num_reqs: torch.Tensor,
         launch(_scan_kernel, scan_grid, logits_arg, *batch, None, 0, bitmask_enabled,
                *buffers_arg, CHUNK=chunk, GROUP=group, **sizes,
                **scan_options(False, chunk_block))
-    programs, _ = _finish_programs(max_num_reqs * m, splits, cap, vocab_size,
-                                        finish_programs)
+    programs = _finish_programs(max_num_reqs * m, splits, cap, vocab_size, finish_programs)
     launch(_finish_kernel, (max_num_reqs * m, programs), logits_arg, *batch, mask,
            bitmask_stride, bitmask_enabled, *buffers_arg,
            (records, records.stride(0)), draft_tokens, **sizes,

@@ -782,15 +782,17 @@ def test_splits_per_program_by_grid_rows():
 def test_finish_programs_by_grid_rows_and_room():
     rows, programs = sampler.FINISH_PROGRAMS[0]
     # V = 152064: 19 chunks, a pool of 8192, slices of 256.
-    assert sampler._finish_programs(rows, 19, 8192, 152064, None) == (programs, 256)
-    assert sampler._finish_programs(rows + 1, 19, 8192, 152064, None) == (1, 256)
-    assert sampler._finish_programs(1, 19, 8192, 152064, 4) == (4, 256)
+    assert sampler._finish_programs(rows, 19, 8192, 152064, None) == programs
+    assert sampler._finish_programs(rows + 1, 19, 8192, 152064, None) == 1
+    assert sampler._finish_programs(1, 19, 8192, 152064, 4) == 4
+    assert [sampler.finish_slice(8192, p) for p in (1, 4, 16)] == [256, 256, 256]
     # Room: 2 chunks hold 640 scratch words (8 programs), a pool of 64 slices of 16 (4).
-    assert sampler._finish_programs(1, 2, 8192, 16000, 16) == (8, 256)
-    assert sampler._finish_programs(1, 4, 64, 200, 16) == (4, 16)
+    assert sampler._finish_programs(1, 2, 8192, 16000, 16) == 8
+    assert sampler._finish_programs(1, 4, 64, 200, 16) == 4
+    assert sampler.finish_slice(64, 4) == 16
     # One chunk, or a vocabulary past the pool word's count bits: one program.
-    assert sampler._finish_programs(1, 1, 256, 200, 16)[0] == 1
-    assert sampler._finish_programs(1, 200, 16384, 2**20, 16)[0] == 1
+    assert sampler._finish_programs(1, 1, 256, 200, 16) == 1
+    assert sampler._finish_programs(1, 200, 16384, 2**20, 16) == 1
     for bad in (0, 3, 32, 1.5, True, "2"):
         with pytest.raises(ValueError, match="finish_programs"):
             sampler._finish_programs(1, 19, 8192, 152064, bad)
