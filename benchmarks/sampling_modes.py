@@ -25,6 +25,8 @@ MODES: dict[str, SamplingParams] = {
     "temperature": SamplingParams(temperature=TEMPERATURE, seed=1),
     "top_k": SamplingParams(temperature=TEMPERATURE, top_k=50, seed=2),
     "top_p": SamplingParams(temperature=TEMPERATURE, top_p=0.9, seed=3),
+    # A colder top-p: its nucleus is a few hundred tokens, at the top of the pool's pivots.
+    "top_p_cold": SamplingParams(temperature=0.5, top_p=0.9, seed=8),
     "top_k_top_p": SamplingParams(temperature=TEMPERATURE, top_k=50, top_p=0.9, seed=4),
     "min_p": SamplingParams(temperature=TEMPERATURE, min_p=0.05, seed=5),
     "logprobs_5": SamplingParams(temperature=0.0, num_logprobs=5),

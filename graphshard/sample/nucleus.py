@@ -6,7 +6,7 @@ One program settling a top-p row whose pool holds thousands of entries passes ov
 and on block-wide reductions, tile after tile (BENCHMARKS.md: ~25 µs at batch 1 on an H200). Here
 the row's programs take a slice of SLICE pool entries each:
 1. `weigh_slice`, in every program with a slice: the mass, count and Gumbel-max winner of its
-   entries in each interval between two of the pivots of `candidates.mass_pivots`, stored to the
+   entries in each interval between two of the pivots of `knot_pivots`, stored to the
    row's scratch, and the slice reordered in place by interval (pool order is free: every answer
    from the pool breaks ties by id), so that an interval's entries lie together.
 2. `settle_split`, in the last program to arrive: the summed masses say which interval holds the
@@ -18,6 +18,8 @@ The answer is `candidates.search_mass`'s threshold and `candidates.draw_pool`'s 
 
 from __future__ import annotations
 
+import math
+
 import triton
 import triton.language as tl
 
@@ -26,7 +28,7 @@ from graphshard.sample.candidates import (PIVOTS, SHORT_POOL, floor_score, mass_
                                           mass_threshold)
 from graphshard.sample.floors import ID_BITS
 from graphshard.sample.resolve import load_part, softmax_mass
-from graphshard.sample.workspace import P_FLOOR_S, P_MAX_X, P_SUM_S, STAT_SPLIT
+from graphshard.sample.workspace import P_FLOOR_S, P_MAX_X, P_SUM_S, STAT_SPLIT, padded
 
 # The most programs a row's finish may have (a power of two: the last program loads every
 # program's results as one [MAX_PROGRAMS, PIVOTS] block).
@@ -83,7 +85,8 @@ def split_nucleus(fill, part, pool_x, pool_id, stats_ptr, counters, key, inv_tem
             if q < active:
                 norm = softmax_mass(part, P_MAX_X, P_SUM_S, max_s, inv_temp, SPLITS)
                 weigh_slice(pool_x, pool_id, n_pool, q, inv_temp, max_s, lo,
-                            mass_pivots(lo, spread, n_pool), key, stats_ptr, SLICE)
+                            knot_pivots(part, lo, spread, inv_temp, n_pool, SPLITS), key,
+                            stats_ptr, SLICE)
                 tl.debug_barrier()  # the slice's stores come from every thread of the program
                 after = tl.atomic_add(fill, _WEIGHED, sem="acq_rel", scope="gpu") + _WEIGHED
                 tl.debug_barrier()
@@ -97,6 +100,51 @@ def split_nucleus(fill, part, pool_x, pool_id, stats_ptr, counters, key, inv_tem
                         tl.atomic_add(counters + STAT_SPLIT, 1, sem="relaxed")
     _count_in(fill, seen, active, PROGRAMS)
     return n_pool, settles, (used, drawn, token)
+
+
+@triton.constexpr_function
+def knot_rank(splits):
+    """Which of a row's chunk maxima, largest first, anchors the pivots' count curve (-1: none,
+    too few chunks for a rank that says more than the row maximum does)."""
+    return splits - 3 if splits >= 8 else -1
+
+
+@triton.constexpr_function
+def knot_count(splits):
+    """How many of a row's scores lie above its `knot_rank`-th chunk maximum, expected when each
+    of its `splits` chunks is as likely to hold a large score: 38.5 at 19 chunks."""
+    return -splits * math.log(1.0 - (knot_rank(splits) + 0.5) / splits)
+
+
+@triton.jit
+def knot_pivots(part, lo, spread, inv_temp, n_pool, SPLITS: tl.constexpr):
+    """The pivots over a pool of `n_pool` scores from `lo`, at equal counts on a count curve
+    through (lo, n_pool) and a knot taken from the row's chunk maxima [PIVOTS].
+
+    `mass_pivots` draws the curve from the floor to the row maximum, counted once. The maximum
+    is one draw from the far end of the tail: a Gaussian-like tail puts its top pivots too low
+    (300 entries in the top interval where 150 were meant), a heavy one its bottom pivots too
+    high (over a thousand in one interval), and a threshold in such an interval is searched
+    over the whole pool. The `knot_rank`-th largest chunk maximum has `knot_count` of the
+    row's scores above it: a point inside the pool's range, drawn from many chunks. Without a
+    knot (few chunks, or one outside the pool's range) the pivots are `mass_pivots`'."""
+    KNOT: tl.constexpr = knot_rank(SPLITS)
+    pivots = mass_pivots(lo, spread, n_pool)
+    if KNOT >= 0:
+        maxima = load_part(part, P_MAX_X, SPLITS, float("-inf"), True)  # [padded(SPLITS)]
+        at = tl.arange(0, padded(SPLITS))
+        # Each maximum's rank, largest first (ties by chunk): the one at rank KNOT is the knot.
+        rank = tl.sum(((maxima[None, :] > maxima[:, None])
+                       | ((maxima[None, :] == maxima[:, None]) & (at[None, :] < at[:, None])))
+                      .to(tl.int32), axis=1)
+        knot = tl.max(tl.where(rank == KNOT, maxima, float("-inf")), axis=0) * inv_temp
+        n = n_pool.to(tl.float32)
+        n_knot = knot_count(SPLITS)
+        above = n * (1.0 - tl.arange(0, PIVOTS).to(tl.float32) / PIVOTS)  # entries >= each pivot
+        fits = (knot > lo) & (knot < float("inf")) & (n > n_knot)
+        pivots = tl.where(fits, lo + (knot - lo) * (tl.log(n / above) / tl.log(n / n_knot)),
+                          pivots)
+    return pivots
 
 
 @triton.jit

@@ -17,6 +17,7 @@ SETTINGS = {
     "temperature": SamplingParams(temperature=0.8, seed=1),
     "top_k": SamplingParams(temperature=0.8, top_k=50, seed=2),
     "top_p": SamplingParams(temperature=0.8, top_p=0.9, seed=3),
+    "top_p_cold": SamplingParams(temperature=0.5, top_p=0.9, seed=8),
     "top_k_top_p": SamplingParams(temperature=0.8, top_k=50, top_p=0.9, seed=4),
     "min_p": SamplingParams(temperature=0.8, min_p=0.05, seed=5),
     "greedy_logprobs_20": SamplingParams(temperature=0.0, num_logprobs=20),
@@ -36,8 +37,18 @@ def test_benchmark_settings_settle_from_candidates(name, dtype):
     records, layout = run_kernel(b, K=20, vocab_size=V, block_size=None, workspace=ws)
     assert_same(records, layout, run_ref(b, K=20, vocab_size=V))
     assert ws.paths() == {"draw_fallback": 0, "logprobs_fallback": 0, "counted": 0}
-    # 48 rows take 16 finish programs each: every top-p pool (~2400 entries) is split.
-    assert ws.split_draws() == (n if name == "top_p" else 0)
+    # 48 rows take 16 finish programs each: every top-p pool (~2400 entries) is split. The cold
+    # rows' thresholds lie in the top intervals of the pivots, where a Gaussian tail still puts
+    # more entries than the knot's count curve: on CPU (interpreter), 46 of these 48 rows are
+    # split, and 26 with the pivots of `candidates.mass_pivots` (the shared cut's races make a
+    # GPU's pools differ by a few entries).
+    split = ws.split_draws()
+    if name == "top_p":
+        assert split == n
+    elif name == "top_p_cold":
+        assert split >= n - 6, split
+    else:
+        assert split == 0
 
 
 @pytest.mark.parametrize("programs", [1, 16])
@@ -45,7 +56,9 @@ def test_split_nucleus_draw_full_vocabulary(programs):
     """Top-p rows alone and with logprobs, drawn with 1 and 16 finish programs per row, twice
     into one workspace (the pool word's arrival counts reset), equal the reference; with 16,
     every row is split (a pool of ~2400 entries spans 10 slices of 256). Temperatures and top-p
-    keep each nucleus inside the pool, so no row needs a whole-row pass."""
+    keep each nucleus inside the pool, so no row needs a whole-row pass. (With the pivots of
+    `candidates.mass_pivots`, the rows at temperature 0.5 / top-p 0.9 and 0.7 / 0.8 were not
+    split: the threshold's interval held ~300 entries.)"""
     rs = np.random.default_rng(40 + programs)
     n = 8
     params = [SamplingParams(temperature=t, top_p=p, seed=i, num_logprobs=i % 3)
