@@ -127,7 +127,7 @@ def knot_pivots(part, lo, spread, inv_temp, n_pool, SPLITS: tl.constexpr):
     high (over a thousand in one interval), and a threshold in such an interval is searched
     over the whole pool. The `knot_rank`-th largest chunk maximum has `knot_count` of the
     row's scores above it: a point inside the pool's range, drawn from many chunks. Without a
-    knot (few chunks, or one outside the pool's range) the pivots are `mass_pivots`'."""
+    knot (few chunks, or one outside the pool's range) they are those of `mass_pivots`."""
     KNOT: tl.constexpr = knot_rank(SPLITS)
     pivots = mass_pivots(lo, spread, n_pool)
     if KNOT >= 0:
