@@ -199,13 +199,13 @@ def finish_slice(cap, programs):
 
 
 # Arguments that travel together go as tuples: (pointer, row stride) of the logits and of the
-# records, the Bitmask, and the sampler's own buffers (slot tables, workspace); optional inputs are None when absent (the kernels test for None at
-# compile time). Triton specialises a tuple's elements whatever the parameter's options (an int
-# on being 1 or divisible by 16, a pointer on 16-byte alignment), so a tuple holds only what is
-# fixed for a caller's lifetime; a stride divisible by 16 lets the row loads vectorise. Nothing
-# that varies per step is an int argument, and ints that differ between callers stay separate
-# and unspecialised: the workspace's row count (one compiled kernel serves every workspace) and
-# the bitmask's row stride.
+# records, the Bitmask, and the sampler's own buffers (slot tables, workspace); optional inputs are
+# None when absent (the kernels test for None at compile time). Triton specialises a tuple's
+# elements whatever the parameter's options (an int on being 1 or divisible by 16, a pointer on
+# 16-byte alignment), so a tuple holds only what is fixed for a caller's lifetime; a stride
+# divisible by 16 lets the row loads vectorise. Nothing that varies per step is an int argument,
+# and ints that differ between callers stay separate and unspecialised: the workspace's row count
+# (one compiled kernel serves every workspace) and the bitmask's row stride.
 # The per-request inputs are read a word at a time, so their alignment buys nothing: they stay
 # separate pointers, not specialised on it, so that the engine (views into one staging buffer)
 # and a caller with fresh tensors (the oracle) share one compiled kernel.
