@@ -1,5 +1,6 @@
-"""The suite's NumPy xor reduction (tests/interpreter.py) against the interpreter's own."""
+"""The suite's interpreter shortcuts (tests/interpreter.py) against the interpreter's own code."""
 
+import inspect
 import os
 
 import numpy as np
@@ -8,10 +9,10 @@ import torch
 import triton
 import triton.language as tl
 
-from tests.interpreter import use_numpy_xor_sum
+from tests.interpreter import patch_builtins_once, use_numpy_xor_sum
 
 pytestmark = pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") != "1",
-                                reason="the xor reduction it replaces is the interpreter's")
+                                reason="the code it replaces is the interpreter's")
 
 
 @triton.jit
@@ -58,3 +59,47 @@ def test_numpy_xor_sum_equals_the_interpreters(values, monkeypatch):
                                [np.bitwise_xor.reduce(bits)],
                                np.bitwise_xor.reduce(bits.reshape(32, 8), axis=0)])
     assert np.array_equal(fast[1].numpy(), expected)
+
+
+@triton.jit
+def _scaled(x, scale):
+    return tl.maximum(x * scale, -x).to(tl.float32)
+
+
+@triton.jit
+def _helpers_kernel(x_ptr, out_ptr, N: tl.constexpr, ROUNDS: tl.constexpr):
+    offs = tl.arange(0, N)
+    x = tl.load(x_ptr + offs)  # [N]
+    acc = tl.zeros([N], dtype=tl.float32)
+    for i in tl.static_range(ROUNDS):
+        acc += _scaled(x, i + 1.0)
+    tl.store(out_ptr + offs, tl.cumsum(acc, axis=0) + tl.sum(tl.exp(x), axis=0))
+
+
+def test_builtins_patched_once_per_launch_give_the_same_results(monkeypatch):
+    if not patch_builtins_once():
+        pytest.skip("this Triton's interpreter lacks the internals the shortcut wraps")
+    from triton.runtime import interpreter
+
+    x = torch.from_numpy(np.random.default_rng(7).standard_normal(64).astype(np.float32))
+    calls = []
+    counted = inspect.getmembers
+    monkeypatch.setattr(interpreter.inspect, "getmembers",
+                        lambda *a, **k: calls.append(1) or counted(*a, **k))
+
+    def run():
+        out = torch.empty_like(x)
+        _helpers_kernel[(2,)](x, out, N=64, ROUNDS=8)
+        return out
+
+    calls.clear()
+    fast, fast_calls = run(), len(calls)
+    monkeypatch.setattr(interpreter, "_patch_builtin", interpreter._patch_builtin.generic)
+    calls.clear()
+    slow, slow_calls = run(), len(calls)
+    assert torch.equal(fast, slow)
+    # Only the launch lists the namespaces; without the shortcut every helper call (8 per
+    # program) lists them all again.
+    assert fast_calls < slow_calls / 4, (fast_calls, slow_calls)
+    # The launch swapped the builtins back.
+    assert tl.core.is_builtin(tl.load) and tl.core.is_builtin(tl.tensor.__add__)
