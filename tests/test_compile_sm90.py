@@ -8,6 +8,10 @@ TRITON_INTERPRET (the interpreter replaces `@triton.jit` at import), and checks 
 Triton ships that the streaming scan never spills, and that its variant without bitmask support
 fits the launcher's register cap (four programs of 8 warps per SM) with the launcher's options.
 
+A faster check runs first: every kernel's cache key, which a GPU launch computes before it
+compiles, and which refuses calls the interpreter accepts (a plain Python function called from a
+kernel or a `@triton.constexpr_function`).
+
 Run alone: `python -m tests.test_compile_sm90` prints each kernel's registers, spills and machine
 code bytes (so a kernel change can be weighed on a CPU before a GPU times it).
 """
@@ -177,6 +181,39 @@ def _divergence_kernels(tmp: str) -> list[dict]:
     ]
 
 
+def cache_keys() -> dict[str, str]:
+    """Every kernel's cache key, which a GPU launch computes first: it walks the kernel and the
+    helpers it calls, and refuses a plain Python function where only `@triton.jit` and
+    `@triton.constexpr_function` ones may be called (the interpreter runs either)."""
+    import importlib
+    import pkgutil
+
+    import triton
+
+    import graphshard
+
+    keys = {}
+    for info in pkgutil.walk_packages(graphshard.__path__, "graphshard."):
+        if info.name.endswith(".__main__"):  # the command line, which runs when imported
+            continue
+        module = importlib.import_module(info.name)
+        for name, value in vars(module).items():
+            if isinstance(value, triton.runtime.JITFunction) and name.endswith("_kernel") \
+                    and value.fn.__module__ == info.name:
+                keys[f"{info.name}.{name}"] = value.cache_key
+    return keys
+
+
+def test_every_kernel_has_a_cache_key_outside_the_interpreter():
+    env = dict(os.environ, TRITON_INTERPRET="0")
+    done = subprocess.run([sys.executable, "-m", "tests.test_compile_sm90", "--keys"], cwd=ROOT,
+                          env=env, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-4000:]
+    keys = json.loads(done.stdout.splitlines()[-1])
+    assert {"graphshard.sample.kernels._scan_kernel", "graphshard.sample.kernels._finish_kernel",
+            "graphshard.plan.kernel._plan_kernel"} <= set(keys), sorted(keys)
+
+
 @pytest.mark.skipif(_ptxas() is None, reason="this Triton build ships no NVIDIA ptxas")
 def test_kernels_compile_for_sm90_and_the_scan_does_not_spill():
     # Compiled, not interpreted: an explicit 0 also keeps graphshard from choosing the interpreter.
@@ -199,6 +236,9 @@ def test_kernels_compile_for_sm90_and_the_scan_does_not_spill():
 
 
 if __name__ == "__main__":
+    if "--keys" in sys.argv:
+        print(json.dumps(cache_keys()))
+        sys.exit()
     result = report()
     if "--json" in sys.argv:
         print(json.dumps(result))
