@@ -26,16 +26,23 @@ SETTINGS = {
 }
 
 
+def run_setting(name: str, dtype: torch.dtype, n: int, device: str):
+    """One benchmark setting over n rows of `randn * 3` at full vocabulary, checked against the
+    reference; returns the workspace (its paths and split draws)."""
+    rs = np.random.default_rng(len(name))
+    b = make_batch(rs, [SETTINGS[name]] * n, dtype=dtype)
+    b.logits = (torch.from_numpy(rs.standard_normal((n, PV)).astype(np.float32)) * 3).to(dtype)
+    ws = sampler.SamplerWorkspace.allocate(n, 1, V, device)
+    records, layout = run_kernel(b, K=20, vocab_size=V, block_size=None, workspace=ws)
+    assert_same(records, layout, run_ref(b, K=20, vocab_size=V))
+    return ws
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("name", list(SETTINGS))
 def test_benchmark_settings_settle_from_candidates(name, dtype):
-    rs = np.random.default_rng(len(name))
     n = 48
-    b = make_batch(rs, [SETTINGS[name]] * n, dtype=dtype)
-    b.logits = (torch.from_numpy(rs.standard_normal((n, PV)).astype(np.float32)) * 3).to(dtype)
-    ws = sampler.SamplerWorkspace.allocate(n, 1, V, "cuda")
-    records, layout = run_kernel(b, K=20, vocab_size=V, block_size=None, workspace=ws)
-    assert_same(records, layout, run_ref(b, K=20, vocab_size=V))
+    ws = run_setting(name, dtype, n, "cuda")
     assert ws.paths() == {"draw_fallback": 0, "logprobs_fallback": 0, "counted": 0}
     # 48 rows take 16 finish programs each: every top-p pool (~2400 entries) is split. The cold
     # rows' thresholds lie in the top intervals of the pivots, where a Gaussian tail still puts
@@ -146,3 +153,15 @@ def test_min_p_rows_full_vocabulary(kind):
     ws = sampler.SamplerWorkspace.allocate(4, 1, V, "cuda")
     records, layout = run_kernel(b, K=3, vocab_size=V, block_size=None, workspace=ws)
     assert_same(records, layout, run_ref(b, K=3, vocab_size=V))
+
+
+if __name__ == "__main__":
+    # `TRITON_INTERPRET=1 python -m tests.gpu.test_sampler_gpu top_p_cold` runs one setting's
+    # rows on a CPU (about 80 s for 48 rows) and prints how they settled: a kernel change's
+    # effect on the split counts above, before a GPU runs the test.
+    import sys
+
+    setting = sys.argv[1]
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    ws = run_setting(setting, torch.float32, 48, device)
+    print(setting, "fp32, 48 rows:", ws.paths(), "split", ws.split_draws())
