@@ -697,7 +697,7 @@ def _settle_row(row, drawn_before, pool, top, records, draft_ptr, workspace, req
     TILE: tl.constexpr = pool_tile(CAP, K)
     SMALL_K: tl.constexpr = small_top_k(BLOCK)
     small_k = filtered & (top_k > 0) & (top_k <= SMALL_K)
-    token = settle_token(pool, row, small_k, drawn_before, VOCAB, SPLITS, CAP, TILE, BLOCK,
+    token = settle_token(pool, row, small_k, drawn_before, top, VOCAB, SPLITS, CAP, TILE, BLOCK,
                          SMALL_BLOCK, HAS_BITMASK, RADIX_BITS)
     records_ptr, records_stride = records
     rec_ptr = records_ptr + req.to(tl.int64) * records_stride

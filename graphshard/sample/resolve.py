@@ -10,13 +10,14 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
+from graphshard.sample.deep import draw_deep_nucleus
 from graphshard.sample.rows import draw_filtered, load_masked, logprob_row, scan_span
 from graphshard.sample.candidates import (SHORT_POOL, TINY_POOL, count_raw_above, draw_pool,
                                           floor_score, mass_above, search_mass, search_pool,
                                           sorted_thresholds, top_entries, top_raw, unpack_top)
 from graphshard.sample.workspace import (P_ARG_X, P_ARG_Z, P_FLOOR_R, P_FLOOR_S, P_MAX_R,
                                           P_MAX_X, P_MAX_Z, P_NAN, P_SUM_R, P_SUM_S, STAT_COUNTS,
-                                          STAT_DRAWS, STAT_LOGPROBS, padded)
+                                          STAT_DEEP, STAT_DRAWS, STAT_LOGPROBS, padded)
 
 
 @triton.jit
@@ -94,15 +95,16 @@ def store_logprobs(rec_ptr, r, ids, vals, token_logprob, rank, num, M: tl.conste
 
 
 @triton.jit
-def settle_token(pool, row, small_k, drawn_before, VOCAB: tl.constexpr, SPLITS: tl.constexpr,
-                 CAP: tl.constexpr, TILE: tl.constexpr, BLOCK: tl.constexpr,
+def settle_token(pool, row, small_k, drawn_before, scratch, VOCAB: tl.constexpr,
+                 SPLITS: tl.constexpr, CAP: tl.constexpr, TILE: tl.constexpr, BLOCK: tl.constexpr,
                  SMALL_BLOCK: tl.constexpr, HAS_BITMASK: tl.constexpr, RADIX_BITS: tl.constexpr):
     """The row's token: greedy argmax, unfiltered Gumbel winner, or the filtered draw. `pool` is
     the row's (partials, pool count, pool logits, pool ids, stats); `row` (logits row, bitmask
     row, mask flag, RNG key, 1 / temperature, top_k, top_p, min_p, logprobs, random, filtered);
     `small_k`: a top-k the scan captured whole; `drawn_before`, None or (used, drawn, token): a
     top-p-only row's draw from its pool that the split nucleus draw (`nucleus`) already made, in
-    place of `draw_from_pool`'s where used."""
+    place of `draw_from_pool`'s where used; `scratch`: a word the deep nucleus draw
+    (`deep`) may use (the row's top-K scratch, free until its logprobs)."""
     part, n_pool, pool_x, pool_id, stats = pool
     (row_ptr, mask_row_ptr, mask_on, key, inv_temp, top_k, top_p, min_p, _logprobs, is_random,
      filtered) = row
@@ -137,6 +139,18 @@ def settle_token(pool, row, small_k, drawn_before, VOCAB: tl.constexpr, SPLITS: 
                                                              top_p, min_p, VOCAB, CAP, TILE,
                                                              RADIX_BITS)
             whole_row = ~drawn
+            nucleus = (top_p < 1.0) & ((top_k <= 0) | (top_k >= VOCAB)) & (min_p <= 0.0)
+            if whole_row & nucleus & (max_s < float("inf")):
+                # A nucleus deeper than the pool: a few weighing passes over the row find the
+                # threshold's interval, whose tokens are copied behind the pool and sorted.
+                deep, deep_token = draw_deep_nucleus(
+                    row_ptr, mask_row_ptr, mask_on, pool_x, pool_id, n_pool,
+                    scratch.to(tl.pointer_type(tl.int32)), VOCAB, key, inv_temp, max_s,
+                    floor_score(floor_x, inv_temp), top_p * norm, CAP, SMALL_BLOCK, HAS_BITMASK)
+                if deep:
+                    token = deep_token
+                    tl.atomic_add(stats + STAT_DEEP, 1, sem="relaxed")
+                whole_row = ~deep
             if whole_row & ~small_k:
                 # The unfiltered winner is the answer exactly when it survives the filters:
                 # fewer than k tokens and less than top_p of the mass lie above it (the norm

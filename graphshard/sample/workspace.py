@@ -56,12 +56,14 @@ P_FLOOR_R = tl.constexpr(6)  # tokens with a raw logit below this were not captu
 P_MAX_R = tl.constexpr(7)  # max raw logit
 P_SUM_R = tl.constexpr(8)  # sum exp(raw - chunk max raw)
 P_SUM_S = tl.constexpr(9)  # sum exp(s - chunk max s) over the allowed tokens
-NUM_STATS = tl.constexpr(4)
+NUM_STATS = tl.constexpr(5)
 STAT_DRAWS = tl.constexpr(0)
 STAT_LOGPROBS = tl.constexpr(1)
 STAT_COUNTS = tl.constexpr(2)
 STAT_SPLIT = tl.constexpr(3)  # rows the split nucleus draw settled (not a slower path)
-STAT_NAMES = ("draw_fallback", "logprobs_fallback", "counted")
+STAT_DEEP = tl.constexpr(4)  # top-p rows whose nucleus reached below the pool (`deep`)
+# The slower paths `SamplerWorkspace.paths` reports, by stats word.
+STAT_NAMES = {"draw_fallback": 0, "logprobs_fallback": 1, "counted": 2, "deep": 4}
 
 
 @triton.constexpr_function
@@ -178,9 +180,11 @@ class SamplerWorkspace:
     def paths(self) -> dict[str, int]:
         """How many rows took the slower whole-row paths since allocation: `draw_fallback`
         (filtered draw), `logprobs_fallback` (top-K logprobs), `counted` (a count over the row:
-        verifying the unfiltered winner, or the sampled token's rank). Every other row was
+        verifying the unfiltered winner, or the sampled token's rank), `deep` (a top-p draw by
+        weighing passes over the row: its nucleus reached below the pool). Every other row was
         settled from its candidates. Reads the device: for tests and benchmarks, not a step."""
-        return dict(zip(STAT_NAMES, self.stats.tolist()))
+        stats = self.stats.tolist()
+        return {name: stats[i] for name, i in STAT_NAMES.items()}
 
     def split_draws(self) -> int:
         """How many top-p rows since allocation were drawn by several programs of the finish

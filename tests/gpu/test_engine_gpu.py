@@ -35,7 +35,8 @@ def test_mixed_workload_equals_oracle(transport, gpu_report):
     cfg = MIXED.replace(transport=transport, buckets=(1, 2, 4, 8, 16, 24, 32, 48, 64))
     results = spawn(_loop, GPU_TP, cfg, 300, 11, backend="nccl", timeout_s=900)
     r0 = results[0]
-    assert r0["transport"] == transport
+    # At tp = 1 (GRAPHSHARD_GPU_TP=1) a step exchanges nothing: no transport.
+    assert r0["transport"] == (transport if GPU_TP > 1 else "none")
     assert sum(r["verified"] for r in results) == 300
     assert r0["eager_fallbacks"] > 0
     gpu_report(f"mixed_{transport}", {"capture_s": r0["capture_s"],

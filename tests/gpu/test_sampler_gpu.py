@@ -7,8 +7,8 @@ import torch
 
 from graphshard.sample import kernels as sampler
 from graphshard.sample.params import SamplingParams
-from tests.sample.test_sampler import ROW_KINDS, adversarial_batch, make_batch, min_p_batch, \
-    run_kernel, run_ref, assert_same
+from tests.sample.test_sampler import NO_SLOW_PATHS, ROW_KINDS, adversarial_batch, make_batch, \
+    min_p_batch, run_kernel, run_ref, assert_same
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 
@@ -43,7 +43,7 @@ def run_setting(name: str, dtype: torch.dtype, n: int, device: str):
 def test_benchmark_settings_settle_from_candidates(name, dtype):
     n = 48
     ws = run_setting(name, dtype, n, "cuda")
-    assert ws.paths() == {"draw_fallback": 0, "logprobs_fallback": 0, "counted": 0}
+    assert ws.paths() == NO_SLOW_PATHS
     # 48 rows take 16 finish programs each: every top-p pool (~2400 entries) is split. The cold
     # rows' thresholds lie in the top intervals of the pivots, where a Gaussian tail still puts
     # more entries than the knot's count curve: on CPU (interpreter), 46 of these 48 rows are
@@ -78,7 +78,7 @@ def test_split_nucleus_draw_full_vocabulary(programs):
         records, layout = run_kernel(b, K=20, vocab_size=V, block_size=None, workspace=ws,
                                      finish_programs=programs)
         assert_same(records, layout, run_ref(b, K=20, vocab_size=V))
-    assert ws.paths() == {"draw_fallback": 0, "logprobs_fallback": 0, "counted": 0}
+    assert ws.paths() == NO_SLOW_PATHS
     assert ws.split_draws() == (0 if programs == 1 else 2 * n)
 
 
@@ -95,7 +95,7 @@ def test_large_batches_settle_from_candidates(name):
     for _ in range(3):
         records, layout = run_kernel(b, K=20, vocab_size=V, block_size=None, workspace=ws)
     assert_same(records, layout, run_ref(b, K=20, vocab_size=V))
-    assert ws.paths() == {"draw_fallback": 0, "logprobs_fallback": 0, "counted": 0}
+    assert ws.paths() == NO_SLOW_PATHS
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
@@ -114,7 +114,7 @@ def test_chunks_per_program_change_no_result_full_vocabulary(dtype):
         records, layout = run_kernel(b, K=20, vocab_size=V, block_size=None, workspace=ws,
                                      splits_per_program=group)
         results.append(records)
-        assert ws.paths() == {"draw_fallback": 0, "logprobs_fallback": 0, "counted": 0}, group
+        assert ws.paths() == NO_SLOW_PATHS, group
     assert torch.equal(results[0], results[1])
     assert_same(results[0], layout, run_ref(b, K=20, vocab_size=V))
 

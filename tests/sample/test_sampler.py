@@ -56,6 +56,10 @@ class Batch:
         return np.concatenate([[0], np.cumsum(self.counts)]).astype(np.int32)
 
 
+# `SamplerWorkspace.paths` of a launch whose rows all settled from their candidates.
+NO_SLOW_PATHS = {"draw_fallback": 0, "logprobs_fallback": 0, "counted": 0, "deep": 0}
+
+
 def make_logits(rs, rows, vocab=V, padded=PV, dtype=torch.float32, pad_value=1.0e4):
     x = (rs.standard_normal((rows, padded)) * 3).astype(np.float32)
     x[:, vocab:] = pad_value  # huge padding: must never win
@@ -987,11 +991,11 @@ def test_every_path_settles_rows_exactly():
     b = adversarial_batch(rs, ["flat"] * 4)
     b.params = [SamplingParams(temperature=0.8, top_k=50, top_p=0.9, seed=i, num_logprobs=3)
                 for i in range(4)]
-    assert run_adversarial(b) == {"draw_fallback": 0, "logprobs_fallback": 0, "counted": 0}
+    assert run_adversarial(b) == NO_SLOW_PATHS
     # Candidates: min-p alone, cut at the row maximum.
     b = adversarial_batch(rs, ["flat"] * 4)
     b.params = [SamplingParams(temperature=0.8, min_p=0.05, seed=i) for i in range(4)]
-    assert run_adversarial(b) == {"draw_fallback": 0, "logprobs_fallback": 0, "counted": 0}
+    assert run_adversarial(b) == NO_SLOW_PATHS
     # Verify: a pool too small for the nucleus of top-p 0.999 over flat rows, temperature 2.
     b = adversarial_batch(rs, ["flat"] * 4)
     b.params = [SamplingParams(temperature=2.0, top_p=0.999, seed=i) for i in range(4)]
@@ -1025,7 +1029,7 @@ def test_pools_past_one_sort_tile_settle_from_candidates(chunk, programs):
     split = []
     paths = run_adversarial(b, vocab=vocab, chunk=chunk, block=1024, finish_programs=programs,
                             split_draws=split)
-    assert paths == {"draw_fallback": 0, "logprobs_fallback": 0, "counted": 0}
+    assert paths == NO_SLOW_PATHS
     # With several programs per row, the three top-p rows without top-k are split.
     assert split == [3 if programs > 1 else 0]
 
@@ -1052,4 +1056,4 @@ def test_hot_lanes_of_every_listing_tile_are_captured(top_k):
                         SamplingParams(temperature=0.0, num_logprobs=3)])
     b.logits = torch.from_numpy(np.stack(rows).astype(np.float32))
     paths = run_adversarial(b, vocab=vocab, chunk=chunk, block=block)
-    assert paths == {"draw_fallback": 0, "logprobs_fallback": 0, "counted": 0}
+    assert paths == NO_SLOW_PATHS

@@ -1,0 +1,163 @@
+"""Triton device functions of the deep nucleus draw: a top-p row whose nucleus reaches below its
+pool (a flat row: temperature 1 over `randn * 3` keeps ~5000 tokens of 128256, a pool holds
+~2000), settled by a few passes over the row in the program that settles it.
+
+Each pass weighs the row at PIVOTS pivots (`weigh_row`: the mass and count at or above each,
+accumulated per lane and reduced once), which says which interval between two pivots holds the
+threshold. An interval of at most `limit` tokens is copied behind the pool (`race_and_copy`,
+which also draws the Gumbel-max winner of the tokens above the interval), sorted, and its
+threshold and best token found (`settle_copied`); a fuller one is weighed again at pivots
+inside it. The first pass's pivots start at the pool's floor and step down by STEP; an interval
+below the last finite pivot is weighed again with the same step.
+
+The answer is the one-program search's (`rows.draw_filtered`) at the row's norm from its chunks
+(as every pool answer is): the largest score T whose mass at or above it reaches top_p * norm,
+and the Gumbel-max token among the scores >= T, ties by lower id. When the rounds run out, the
+interval does not fit, or rounding makes the passes disagree, the caller falls back.
+"""
+
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+from graphshard.sample import rng
+from graphshard.sample.candidates import PIVOTS, SORT_LIMIT, mass_threshold
+from graphshard.sample.floors import ID_BITS
+from graphshard.sample.rows import load_masked
+
+# The first pass's pivot spacing in score units (a mass ratio of e^0.25 between pivots): the
+# threshold of top-p 0.9 at temperatures 1 to 2 over a Gaussian row lies 1-3 below the pool's
+# floor, with ~1000 tokens per step at V = 128256 and temperature 1.
+STEP = tl.constexpr(0.25)
+# Passes of pivots before the copy; the rest falls back.
+ROUNDS = tl.constexpr(4)
+_NO_ID = tl.constexpr(2147483647)
+
+
+@triton.jit
+def draw_deep_nucleus(row_ptr, mask_row_ptr, mask_on, pool_x, pool_id, n_pool, counter_ptr,
+                      VOCAB: tl.constexpr, key, inv_temp, max_s, start, target,
+                      CAP: tl.constexpr, BLOCK: tl.constexpr, HAS_BITMASK: tl.constexpr):
+    """-> (settled, token) of a top-p row (no top-k, no min-p) with a finite maximum score
+    `max_s`. `start`: the first pivot (the best score an uncaptured token can have); `target`:
+    top_p times the row's norm. Scratch: the pool's entries past `n_pool`, and one int32 word
+    at `counter_ptr`."""
+    at = tl.arange(0, PIVOTS)
+    base = tl.maximum(tl.minimum(n_pool, CAP), 0)
+    limit = tl.minimum(CAP - base, SORT_LIMIT)
+    # The interval [lo, hi) that holds the threshold, the mass and count at or above hi.
+    hi = tl.full((), float("inf"), tl.float32)
+    carry = tl.zeros((), tl.float32)
+    above = tl.zeros((), tl.int32)
+    top = start
+    step = tl.full((), STEP, tl.float32)
+    lo = hi
+    n_in = tl.full((), 2147483647, tl.int32)
+    ok = (start > float("-inf")) & (start <= max_s) & (limit > 0)
+    for _ in range(ROUNDS):
+        if ok & (n_in > limit):
+            # PIVOTS - 1 finite pivots from `top` down, the last at -inf: some pivot reaches
+            # target unless rounding says otherwise.
+            pivots = tl.where(at < PIVOTS - 1, top - at.to(tl.float32) * step, float("-inf"))
+            mass, count = weigh_row(row_ptr, mask_row_ptr, mask_on, VOCAB, inv_temp, max_s,
+                                    pivots, BLOCK, HAS_BITMASK)
+            j = tl.min(tl.where(mass >= target, at, PIVOTS), axis=0)
+            prev_mass = tl.sum(tl.where(at == j - 1, mass, 0.0), axis=0)
+            prev_count = tl.sum(tl.where(at == j - 1, count, 0), axis=0)
+            new_lo = tl.max(tl.where(at == j, pivots, float("-inf")), axis=0)
+            # The interval's upper end: the pivot before j, or the round's upper end.
+            new_hi = tl.where(j > 0, tl.max(tl.where(at == j - 1, pivots, float("-inf")),
+                                            axis=0), hi)
+            new_carry = tl.where(j > 0, prev_mass, carry)
+            new_above = tl.where(j > 0, prev_count, above)
+            # The first pivot (the round's top) reaches target: the threshold lies above the
+            # pivots, where the pool should have settled it. None reaching it: rounding.
+            ok = (j < PIVOTS) & ((j > 0) | (hi < float("inf")))
+            n_in = tl.sum(tl.where(at == j, count, 0), axis=0) - new_above
+            lo, hi, carry, above = new_lo, new_hi, new_carry, new_above
+            # A full finite interval is weighed again at pivots inside it; the one below the
+            # last finite pivot, at the same step below it.
+            step = tl.where(lo > float("-inf"), (hi - lo) / (PIVOTS - 1), step)
+            top = hi - step
+    settled = ok & (n_in <= limit) & (n_in > 0)
+    token = tl.zeros((), tl.int32)
+    if settled:
+        tl.store(counter_ptr, 0)
+        tl.debug_barrier()
+        win_z, win_id = race_and_copy(row_ptr, mask_row_ptr, mask_on, VOCAB, key, inv_temp, lo,
+                                      hi, pool_x + base, pool_id + base, counter_ptr, limit,
+                                      BLOCK, HAS_BITMASK)
+        tl.debug_barrier()  # the copies came from every thread
+        copied = tl.atomic_or(counter_ptr, 0, sem="relaxed")
+        settled = copied == n_in
+        if settled:
+            z, z_id = settle_copied(pool_x + base, pool_id + base, n_in, key, inv_temp, max_s,
+                                    carry, target, SORT_LIMIT)
+            better = (z > win_z) | ((z == win_z) & (z_id < win_id))
+            token = tl.where(better, z_id, win_id)
+            settled = tl.maximum(z, win_z) > float("-inf")
+    return settled, token
+
+
+@triton.jit
+def weigh_row(row_ptr, mask_row_ptr, mask_on, VOCAB: tl.constexpr, inv_temp, max_s, pivots,
+              BLOCK: tl.constexpr, HAS_BITMASK: tl.constexpr):
+    """The mass exp(s - max_s) and the count of the allowed finite scores at or above each of
+    `pivots` [PIVOTS] -> ([PIVOTS] float32, [PIVOTS] int32). Per-lane sums, reduced once: a
+    block-wide reduction per tile is what one program's whole-row searches wait on."""
+    lanes = tl.arange(0, BLOCK)
+    mass = tl.zeros([PIVOTS, BLOCK], tl.float32)
+    count = tl.zeros([PIVOTS, BLOCK], tl.int32)
+    for begin in range(0, VOCAB, BLOCK):
+        x = load_masked(row_ptr, mask_row_ptr, mask_on, begin + lanes, VOCAB, HAS_BITMASK)[0]
+        s = x * inv_temp
+        w = tl.where(x > float("-inf"), tl.exp(s - max_s), 0.0)
+        hit = (x > float("-inf"))[None, :] & (s[None, :] >= pivots[:, None])  # [PIVOTS, BLOCK]
+        mass += tl.where(hit, w[None, :], 0.0)
+        count += hit.to(tl.int32)
+    return tl.sum(mass, axis=1), tl.sum(count, axis=1)
+
+
+@triton.jit
+def race_and_copy(row_ptr, mask_row_ptr, mask_on, VOCAB: tl.constexpr, key, inv_temp, lo, hi,
+                  dest_x, dest_id, counter_ptr, limit, BLOCK: tl.constexpr,
+                  HAS_BITMASK: tl.constexpr):
+    """One pass: the Gumbel-max winner (s + g, lowest id) of the allowed finite scores >= hi,
+    and the tokens with scores in [lo, hi) appended to dest (the first `limit`; the counter
+    at `counter_ptr` ends at how many there are)."""
+    lanes = tl.arange(0, BLOCK)
+    best_z = tl.full([BLOCK], float("-inf"), tl.float32)
+    best_id = tl.full([BLOCK], _NO_ID, tl.int32)
+    for begin in range(0, VOCAB, BLOCK):
+        offs = begin + lanes
+        x = load_masked(row_ptr, mask_row_ptr, mask_on, offs, VOCAB, HAS_BITMASK)[0]
+        s = x * inv_temp
+        finite = x > float("-inf")
+        z = tl.where(finite & (s >= hi), s + rng.gumbel(key, offs), float("-inf"))
+        # Later tiles hold higher ids: a tie keeps the lane's earlier winner.
+        better = z > best_z
+        best_id = tl.where(better, offs, best_id)
+        best_z = tl.where(better, z, best_z)
+        take = finite & (s >= lo) & (s < hi)
+        pos = tl.atomic_add(counter_ptr + tl.zeros_like(offs), 1, mask=take, sem="relaxed")
+        keep = take & (pos < limit)
+        tl.store(dest_x + pos, x.to(tl.int32, bitcast=True), mask=keep)
+        tl.store(dest_id + pos, offs, mask=keep)
+    top_z = tl.max(best_z, axis=0)
+    return top_z, tl.min(tl.where(best_z == top_z, best_id, _NO_ID), axis=0)
+
+
+@triton.jit
+def settle_copied(dest_x, dest_id, n, key, inv_temp, max_s, carry, target, N: tl.constexpr):
+    """The threshold among `n` (<= N) copied tokens, `carry` the mass above them -> (best
+    s + g at or above it, its lowest id)."""
+    i = tl.arange(0, N)
+    live = i < n
+    x = tl.load(dest_x + i, mask=live, other=0, cache_modifier=".cg").to(tl.float32, bitcast=True)
+    ids = tl.load(dest_id + i, mask=live, other=0, cache_modifier=".cg") & ID_BITS
+    s = x * inv_temp
+    thr = mass_threshold(s, live, carry, max_s, target)
+    z = tl.where(live & (s >= thr), s + rng.gumbel(key, ids), float("-inf"))
+    top_z = tl.max(z, axis=0)
+    return top_z, tl.min(tl.where(z == top_z, ids, _NO_ID), axis=0)
