@@ -105,18 +105,26 @@ def weigh_row(row_ptr, mask_row_ptr, mask_on, VOCAB: tl.constexpr, inv_temp, max
               BLOCK: tl.constexpr, HAS_BITMASK: tl.constexpr):
     """The mass exp(s - max_s) and the count of the allowed finite scores at or above each of
     `pivots` [PIVOTS] -> ([PIVOTS] float32, [PIVOTS] int32). Per-lane sums, reduced once: a
-    block-wide reduction per tile is what one program's whole-row searches wait on."""
+    block-wide reduction per tile is what one program's whole-row searches wait on. Two tiles
+    per step, both loaded first: one program's pass waits on each step's loads."""
     lanes = tl.arange(0, BLOCK)
     mass = tl.zeros([PIVOTS, BLOCK], tl.float32)
     count = tl.zeros([PIVOTS, BLOCK], tl.int32)
-    for begin in range(0, VOCAB, BLOCK):
-        x = load_masked(row_ptr, mask_row_ptr, mask_on, begin + lanes, VOCAB, HAS_BITMASK)[0]
-        s = x * inv_temp
-        w = tl.where(x > float("-inf"), tl.exp(s - max_s), 0.0)
-        hit = (x > float("-inf"))[None, :] & (s[None, :] >= pivots[:, None])  # [PIVOTS, BLOCK]
-        mass += tl.where(hit, w[None, :], 0.0)
-        count += hit.to(tl.int32)
+    for begin in range(0, VOCAB, 2 * BLOCK):
+        x_a = load_masked(row_ptr, mask_row_ptr, mask_on, begin + lanes, VOCAB, HAS_BITMASK)[0]
+        x_b = load_masked(row_ptr, mask_row_ptr, mask_on, begin + BLOCK + lanes, VOCAB,
+                          HAS_BITMASK)[0]
+        mass, count = _weigh_tile(x_a, inv_temp, max_s, pivots, mass, count)
+        mass, count = _weigh_tile(x_b, inv_temp, max_s, pivots, mass, count)
     return tl.sum(mass, axis=1), tl.sum(count, axis=1)
+
+
+@triton.jit
+def _weigh_tile(x, inv_temp, max_s, pivots, mass, count):
+    s = x * inv_temp
+    w = tl.where(x > float("-inf"), tl.exp(s - max_s), 0.0)
+    hit = (x > float("-inf"))[None, :] & (s[None, :] >= pivots[:, None])  # [PIVOTS, BLOCK]
+    return mass + tl.where(hit, w[None, :], 0.0), count + hit.to(tl.int32)
 
 
 @triton.jit
