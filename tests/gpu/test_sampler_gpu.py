@@ -7,6 +7,7 @@ import torch
 
 from graphshard.sample import kernels as sampler
 from graphshard.sample.params import SamplingParams
+from tests.sample.test_deep import with_seed
 from tests.sample.test_sampler import NO_SLOW_PATHS, ROW_KINDS, adversarial_batch, make_batch, \
     min_p_batch, run_kernel, run_ref, assert_same
 
@@ -85,16 +86,19 @@ def test_split_nucleus_draw_full_vocabulary(programs):
 @pytest.mark.parametrize("programs", [1, 16])
 def test_deep_nucleus_full_vocabulary(programs):
     """Warm top-p rows (temperatures 1 to 2.5: nuclei of ~6000 to most of 152064 tokens, past
-    pools of ~2400), some with logprobs, twice into one workspace: every draw settles by the
-    deep nucleus draw's passes over the row (`graphshard.sample.deep`), equal to the reference.
-    Before it, such a row took the one-program radix search (2.3-2.7 ms on an H200)."""
+    pools of ~2400), some with logprobs, with seeds whose unfiltered winner lies outside the
+    nucleus, twice into one workspace: every draw settles by the deep nucleus draw's passes over
+    the row (`graphshard.sample.deep`), equal to the reference. Before it, such a row took the
+    one-program radix search (2.3-2.7 ms on an H200)."""
     rs = np.random.default_rng(50 + programs)
     n = 8
-    params = [SamplingParams(temperature=t, top_p=p, seed=i, num_logprobs=i % 3)
+    params = [SamplingParams(temperature=t, top_p=p, num_logprobs=i % 3)
               for i, (t, p) in enumerate(zip([1.0, 1.5, 2.5, 1.2] * 2,
                                              [0.9, 0.9, 0.95, 0.95, 0.95, 0.9, 0.99, 0.9]))]
     b = make_batch(rs, params)
     b.logits = torch.from_numpy(rs.standard_normal((n, PV)).astype(np.float32)) * 3
+    for i in range(n):
+        with_seed(b, i, False, vocab=V)
     ws = sampler.SamplerWorkspace.allocate(n, 1, V, "cuda")
     for _ in range(2):
         records, layout = run_kernel(b, K=20, vocab_size=V, block_size=None, workspace=ws,

@@ -1,18 +1,42 @@
-"""The deep nucleus draw (`graphshard.sample.deep`): top-p rows whose nucleus reaches below their
-pool settle by a few weighing passes over the row, equal to the float64 reference, with one
-finish program per row and with 16, with a bitmask and with logprobs; rows the passes cannot
-settle (thousands of ties at the threshold) take the whole-row paths, still equal."""
+"""The deep nucleus draw (`graphshard.sample.deep`): a top-p row whose nucleus reaches below its
+pool, and whose unfiltered Gumbel winner lies outside the nucleus (the count over the row that
+checks that winner rejects it), settles by a few weighing passes over the row, equal to the
+float64 reference: with one finish program per row and with 16, with a bitmask and with
+logprobs. Rows whose winner the check accepts, and rows of thousands of ties at the threshold,
+settle by the check alone."""
 
 import numpy as np
 import pytest
 import torch
 
-from graphshard.sample import kernels as sampler
+from graphshard.sample import kernels as sampler, rng
 from graphshard.sample.params import SamplingParams
+from graphshard.sample.reference import kept_mask
 from tests.sample.test_sampler import (DEVICE, NO_SLOW_PATHS, assert_same, full_bitmask,
                                        make_batch, run_kernel, run_ref, set_allowed)
 
 VOCAB, CHUNK = 16000, 1024  # 16 chunks of 128 captured candidates: pools of ~2000
+
+
+def winner_kept(row, temperature, top_p, seed, position, allowed=None) -> bool:
+    """Whether the unfiltered Gumbel-max token of `row` under `seed` lies in its nucleus (the
+    reference's scores and noise)."""
+    s = row.astype(np.float64) / temperature
+    if allowed is not None:
+        s = np.where(allowed, s, -np.inf)
+    key = rng.row_key_np(*rng.split_seed(seed), position)
+    return bool(kept_mask(s, 0, top_p, 0.0)[np.argmax(s + rng.gumbel_np(key, np.arange(s.size)))])
+
+
+def with_seed(b, i, kept: bool, allowed=None, vocab=VOCAB):
+    """Give request i (a one-row request) the first seed from 1000 whose unfiltered winner is
+    kept (or not), so that the row's path is known."""
+    p = b.params[i]
+    row = b.logits[i, :vocab].float().numpy()
+    seed = next(s for s in range(1000, 2000)
+                if winner_kept(row, p.temperature, p.top_p, s, b.seq_lens[i], allowed) == kept)
+    b.params[i] = SamplingParams(temperature=p.temperature, top_p=p.top_p, seed=seed,
+                                 num_logprobs=p.num_logprobs)
 
 
 def _two_blocks(rs, gap):
@@ -24,22 +48,23 @@ def _two_blocks(rs, gap):
 
 
 def _rows(rs):
-    """(params, logits row, the path that settles it) of each test row."""
+    """(temperature, top_p, logits row, whether its unfiltered winner is kept) of each row."""
     gauss = lambda: rs.standard_normal(VOCAB) * 3  # noqa: E731
     return [
         # Gaussian rows past the pool: the first pass finds an interval that fits a sort, or
         # one more pass at pivots inside it.
-        (SamplingParams(temperature=1.5, top_p=0.9, seed=1), gauss(), "deep"),
-        (SamplingParams(temperature=1.2, top_p=0.95, seed=2), gauss(), "deep"),
-        (SamplingParams(temperature=2.5, top_p=0.95, seed=3), gauss(), "deep"),
+        (1.5, 0.9, gauss(), False),
+        (1.2, 0.95, gauss(), False),
+        (2.5, 0.95, gauss(), False),
         # A uniform row (no tail at all): the nucleus is half the row.
-        (SamplingParams(temperature=1.0, top_p=0.9, seed=4), rs.uniform(0, 4, VOCAB), "deep"),
+        (1.0, 0.9, rs.uniform(0, 4, VOCAB), False),
         # The threshold 3.8 below the floor (a pass below the first's pivots), in a block of
         # 13900 close scores (passes at pivots inside a full interval).
-        (SamplingParams(temperature=1.0, top_p=0.9, seed=5), _two_blocks(rs, 3.8), "deep"),
-        # Every score equal: the nucleus is every token, tied at the threshold; no interval
-        # between pivots fits a sort, and a count over the row proves the unfiltered winner.
-        (SamplingParams(temperature=1.0, top_p=0.9, seed=6), np.full(VOCAB, 0.5), "counted"),
+        (1.0, 0.9, _two_blocks(rs, 3.8), False),
+        # A winner the check accepts.
+        (1.5, 0.9, gauss(), True),
+        # Every score equal: the nucleus is every token, tied at the threshold.
+        (1.0, 0.9, np.full(VOCAB, 0.5), True),
     ]
 
 
@@ -47,29 +72,31 @@ def _rows(rs):
 def test_deep_nucleus_rows_equal_the_reference(programs):
     rs = np.random.default_rng(60 + programs)
     rows = _rows(rs)
-    params = [p for p, _, _ in rows]
-    b = make_batch(rs, params)
-    b.logits = torch.from_numpy(np.stack([r for _, r, _ in rows]).astype(np.float32))
-    ws = sampler.SamplerWorkspace.allocate(len(params), 1, VOCAB, DEVICE, chunk_size=CHUNK)
+    b = make_batch(rs, [SamplingParams(temperature=t, top_p=p) for t, p, _, _ in rows])
+    b.logits = torch.from_numpy(np.stack([r for _, _, r, _ in rows]).astype(np.float32))
+    for i, (_, _, _, kept) in enumerate(rows):
+        with_seed(b, i, kept)
+    ws = sampler.SamplerWorkspace.allocate(len(rows), 1, VOCAB, DEVICE, chunk_size=CHUNK)
     records, layout = run_kernel(b, K=0, vocab_size=VOCAB, block_size=1024, workspace=ws,
                                  finish_programs=programs)
     assert_same(records, layout, run_ref(b, K=0, vocab_size=VOCAB))
-    want = dict(NO_SLOW_PATHS)
-    for _, _, path in rows:
-        want[path] += 1
-    assert ws.paths() == want
+    # Every row's pool falls short, so every row's winner is checked by a count.
+    deep = sum(not kept for _, _, _, kept in rows)
+    assert ws.paths() == dict(NO_SLOW_PATHS, counted=len(rows), deep=deep)
 
 
 def test_deep_nucleus_with_bitmask_and_logprobs():
     """A bitmask that allows every other token, and 5 logprobs from the pool the draw's copy
     lies behind: both equal the reference."""
     rs = np.random.default_rng(70)
-    params = [SamplingParams(temperature=1.5, top_p=0.9, seed=7, num_logprobs=5),
-              SamplingParams(temperature=1.5, top_p=0.9, seed=8)]
+    params = [SamplingParams(temperature=1.5, top_p=0.9, num_logprobs=5),
+              SamplingParams(temperature=1.5, top_p=0.9)]
     mask = full_bitmask(2, VOCAB)
     set_allowed(mask[1], range(0, VOCAB, 2))
     b = make_batch(rs, params, bitmask=mask, bitmask_rows=np.array([0, 1], dtype=np.int32))
     b.logits = torch.from_numpy((rs.standard_normal((2, VOCAB)) * 3).astype(np.float32))
+    with_seed(b, 0, False)
+    with_seed(b, 1, False, allowed=np.arange(VOCAB) % 2 == 0)
     ws = sampler.SamplerWorkspace.allocate(2, 1, VOCAB, DEVICE, chunk_size=CHUNK)
     records, layout = run_kernel(b, K=5, vocab_size=VOCAB, block_size=1024, workspace=ws,
                                  finish_programs=16)
