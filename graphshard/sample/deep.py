@@ -32,6 +32,10 @@ from graphshard.sample.rows import load_masked
 STEP = tl.constexpr(0.25)
 # Passes of pivots before the copy; the rest falls back.
 ROUNDS = tl.constexpr(4)
+# Lanes of the weighing passes' per-lane sums ([PIVOTS, WEIGH_LANES] of mass and of count): one
+# per thread of the finish's 8 warps. With 512 the finish took 240 registers against 128, so
+# half the programs fit an SM and every small batch's finish ran in twice the waves.
+WEIGH_LANES = tl.constexpr(256)
 _NO_ID = tl.constexpr(2147483647)
 
 
@@ -61,7 +65,7 @@ def draw_deep_nucleus(row_ptr, mask_row_ptr, mask_on, pool_x, pool_id, n_pool, c
             # target unless rounding says otherwise.
             pivots = tl.where(at < PIVOTS - 1, top - at.to(tl.float32) * step, float("-inf"))
             mass, count = weigh_row(row_ptr, mask_row_ptr, mask_on, VOCAB, inv_temp, max_s,
-                                    pivots, BLOCK, HAS_BITMASK)
+                                    pivots, WEIGH_LANES, HAS_BITMASK)
             j = tl.min(tl.where(mass >= target, at, PIVOTS), axis=0)
             prev_mass = tl.sum(tl.where(at == j - 1, mass, 0.0), axis=0)
             prev_count = tl.sum(tl.where(at == j - 1, count, 0), axis=0)
