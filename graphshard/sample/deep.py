@@ -33,8 +33,9 @@ STEP = tl.constexpr(0.25)
 # Passes of pivots before the copy; the rest falls back.
 ROUNDS = tl.constexpr(4)
 # Lanes of the weighing passes' per-lane sums ([PIVOTS, WEIGH_LANES] of mass and of count): one
-# per thread of the finish's 8 warps. With 512 the finish took 240 registers against 128, so
-# half the programs fit an SM and every small batch's finish ran in twice the waves.
+# per thread of the finish's 8 warps. With 512 the finish took 240 registers against 128: one
+# program per SM instead of two, and a batch of 32 rows (512 programs) ran its finish in four
+# waves instead of two (on an H200 every mode's finish at batch 32 was slower; BENCHMARKS.md).
 WEIGH_LANES = tl.constexpr(256)
 _NO_ID = tl.constexpr(2147483647)
 
