@@ -63,7 +63,8 @@ STAT_COUNTS = tl.constexpr(2)
 STAT_SPLIT = tl.constexpr(3)  # rows the split nucleus draw settled (not a slower path)
 STAT_DEEP = tl.constexpr(4)  # top-p rows whose nucleus reached below the pool (`deep`)
 # The slower paths `SamplerWorkspace.paths` reports, by stats word.
-STAT_NAMES = {"draw_fallback": 0, "logprobs_fallback": 1, "counted": 2, "deep": 4}
+STAT_NAMES = {"draw_fallback": STAT_DRAWS.value, "logprobs_fallback": STAT_LOGPROBS.value,
+              "counted": STAT_COUNTS.value, "deep": STAT_DEEP.value}
 
 
 @triton.constexpr_function
