@@ -12,7 +12,7 @@ A faster check runs first: every kernel's cache key, which a GPU launch computes
 compiles, and which refuses calls the interpreter accepts (a plain Python function called from a
 kernel or a `@triton.constexpr_function`).
 
-Run alone: `python -m tests.test_compile_sm90` prints each kernel's registers, spills and machine
+Run alone: `python -m tests.test_compile_sm90` prints each kernel's registers, spills, shared memory and machine
 code bytes (so a kernel change can be weighed on a CPU before a GPU times it).
 """
 
@@ -60,6 +60,7 @@ def _compile(kernel, args: dict, consts: dict, num_warps: int, tmp: str, **optio
     regs = int(re.search(r"Used (\d+) registers", out).group(1))
     spills = sum(int(v) for v in re.findall(r"(\d+) bytes spill (?:stores|loads)", out))
     return {"kernel": kernel.fn.__name__, "registers": regs, "spill_bytes": spills,
+            "shared_bytes": ck.metadata.shared,
             "code_bytes": _code_bytes(Path(str(ptx) + ".o"), kernel.fn.__name__)}
 
 

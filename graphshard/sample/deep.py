@@ -32,11 +32,15 @@ from graphshard.sample.rows import load_masked
 STEP = tl.constexpr(0.25)
 # Passes of pivots before the copy; the rest falls back.
 ROUNDS = tl.constexpr(4)
-# Lanes of the weighing passes' per-lane sums ([PIVOTS, WEIGH_LANES] of mass and of count): one
-# per thread of the finish's 8 warps. With 512 the finish took 240 registers against 128: one
-# program per SM instead of two, and a batch of 32 rows (512 programs) ran its finish in four
-# waves instead of two (on an H200 every mode's finish at batch 32 was slower; BENCHMARKS.md).
-WEIGH_LANES = tl.constexpr(256)
+# Lanes of the weighing passes' per-lane sums ([PIVOTS, WEIGH_LANES] of mass and of count). The
+# finish's register pressure is set here, and every program of the finish pays for it, not only
+# the rare row that takes this draw (H200, BENCHMARKS.md). With 512 lanes the finish took 240
+# registers against 128: one program per SM instead of two. With 256 it kept 128 registers, but
+# spilled 740 bytes against 192, with spill stores before the exit of a program that settles
+# nothing: the batch-32 greedy finish took 4.1 µs against 3.0. With 128 lanes it spills 204
+# bytes, none of them early, and the batch-32 finishes are back where they were without the
+# deep draw.
+WEIGH_LANES = tl.constexpr(128)
 _NO_ID = tl.constexpr(2147483647)
 
 
@@ -110,17 +114,25 @@ def weigh_row(row_ptr, mask_row_ptr, mask_on, VOCAB: tl.constexpr, inv_temp, max
               BLOCK: tl.constexpr, HAS_BITMASK: tl.constexpr):
     """The mass exp(s - max_s) and the count of the allowed finite scores at or above each of
     `pivots` [PIVOTS] -> ([PIVOTS] float32, [PIVOTS] int32). Per-lane sums, reduced once: a
-    block-wide reduction per tile is what one program's whole-row searches wait on. Two tiles
-    per step, both loaded first: one program's pass waits on each step's loads."""
+    block-wide reduction per tile is what one program's whole-row searches wait on. Four tiles
+    per step, all loaded before any is weighed: one program's pass waits on each step's loads
+    (H200, a warm row's draw at V = 128256: 643 µs with two tiles of 128 lanes, 532 with four).
+    """
     lanes = tl.arange(0, BLOCK)
     mass = tl.zeros([PIVOTS, BLOCK], tl.float32)
     count = tl.zeros([PIVOTS, BLOCK], tl.int32)
-    for begin in range(0, VOCAB, 2 * BLOCK):
+    for begin in range(0, VOCAB, 4 * BLOCK):
         x_a = load_masked(row_ptr, mask_row_ptr, mask_on, begin + lanes, VOCAB, HAS_BITMASK)[0]
         x_b = load_masked(row_ptr, mask_row_ptr, mask_on, begin + BLOCK + lanes, VOCAB,
                           HAS_BITMASK)[0]
+        x_c = load_masked(row_ptr, mask_row_ptr, mask_on, begin + 2 * BLOCK + lanes, VOCAB,
+                          HAS_BITMASK)[0]
+        x_d = load_masked(row_ptr, mask_row_ptr, mask_on, begin + 3 * BLOCK + lanes, VOCAB,
+                          HAS_BITMASK)[0]
         mass, count = _weigh_tile(x_a, inv_temp, max_s, pivots, mass, count)
         mass, count = _weigh_tile(x_b, inv_temp, max_s, pivots, mass, count)
+        mass, count = _weigh_tile(x_c, inv_temp, max_s, pivots, mass, count)
+        mass, count = _weigh_tile(x_d, inv_temp, max_s, pivots, mass, count)
     return tl.sum(mass, axis=1), tl.sum(count, axis=1)
 
 
