@@ -12,8 +12,9 @@ A faster check runs first: every kernel's cache key, which a GPU launch computes
 compiles, and which refuses calls the interpreter accepts (a plain Python function called from a
 kernel or a `@triton.constexpr_function`).
 
-Run alone: `python -m tests.test_compile_sm90` prints each kernel's registers, spills, shared memory and machine
-code bytes (so a kernel change can be weighed on a CPU before a GPU times it).
+Run alone: `python -m tests.test_compile_sm90` prints each kernel's registers, spills, shared
+memory and machine code bytes (so a kernel change can be weighed on a CPU before a GPU times
+it).
 """
 
 from __future__ import annotations
