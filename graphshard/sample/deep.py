@@ -38,8 +38,9 @@ ROUNDS = tl.constexpr(4)
 # registers against 128: one program per SM instead of two. With 256 it kept 128 registers, but
 # spilled 740 bytes against 192, with spill stores before the exit of a program that settles
 # nothing: the batch-32 greedy finish took 4.1 µs against 3.0. With 128 lanes it spills 204
-# bytes, none of them early, and the batch-32 finishes are back where they were without the
-# deep draw.
+# bytes with 2 early stores, as without the deep draw, and the batch-32 finishes are back where
+# they were. The 32000 bf16 finish with a bitmask (one program per row) still spills 500 bytes
+# against none without the deep draw; 64 lanes remove that, untimed (BENCHMARKS.md).
 WEIGH_LANES = tl.constexpr(128)
 _NO_ID = tl.constexpr(2147483647)
 
