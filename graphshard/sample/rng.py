@@ -12,9 +12,14 @@ a `@triton.jit` device version and a NumPy version that produce the same bits:
 `mix` is the `lowbias32` integer finalizer (two multiply-xorshift rounds); all arithmetic is
 uint32 with wrap-around. The second token round keeps two rows whose keys differ in a few low
 bits from drawing permutations of the same numbers.
+
+The bits and the uniform are exact on the device; the Gumbel value is fp32 within a few units
+in the last place of `s + g` (see `gumbel_of`), and the NumPy version computes it in float64.
 """
 
 from __future__ import annotations
+
+import os
 
 import numpy as np
 import triton
@@ -62,11 +67,52 @@ def uniform(bits):
     return ((bits >> 9).to(tl.float32) + 0.5) * 1.1920928955078125e-07
 
 
+if os.environ.get("TRITON_INTERPRET") == "1":
+    @triton.jit
+    def _log2(x):
+        return tl.log2(x)  # the interpreter has no inline PTX
+else:
+    @triton.jit
+    def _log2(x):
+        """log2 of a positive normal fp32 by the SFU (MUFU.LG2): absolute error below 2**-22
+        on [0.5, 2], relative below 2**-22 elsewhere. `tl.log` lowers to libdevice's `logf`,
+        ~20 instructions of FMA arithmetic, and a Gumbel value takes two: they were most of a
+        random row's streaming pass (`tests.test_compile_sm90` counts the instructions)."""
+        return tl.inline_asm_elementwise("lg2.approx.ftz.f32 $0, $1;", "=f,f", [x],
+                                         dtype=tl.float32, is_pure=True, pack=1)
+
+
+_LN2 = tl.constexpr(0.6931471805599453)
+
+
+@triton.jit
+def gumbel_of(bits):
+    """Standard Gumbel noise -log(-log(u)) of the uniform `uniform(bits)` (fp32).
+
+    e = -log(u) is small exactly where the Gumbel value is large (the winners), and there a log
+    of u (close to 1) would keep only the log's absolute error: e comes from the series of
+    -log(1 - w) in w = 1 - u, exact in fp32 like u, while w <= 1/8 (8 terms, truncation below
+    1e-8 relative), and from log2(u) above (e >= 0.13, so the SFU's absolute error is ~1e-6
+    of it at most). g = -log(e) is then one more log2 with its relative error: at most a few
+    units in the last place of a score plus g."""
+    b = bits >> 9
+    u = (b.to(tl.float32) + 0.5) * 1.1920928955078125e-07
+    w = ((8388607 - b).to(tl.float32) + 0.5) * 1.1920928955078125e-07
+    series = 0.14285714285714285 + w * 0.125
+    series = 0.16666666666666666 + w * series
+    series = 0.2 + w * series
+    series = 0.25 + w * series
+    series = 0.3333333333333333 + w * series
+    series = 0.5 + w * series
+    series = w + w * (w * series)
+    e = tl.where(w <= 0.125, series, _log2(u) * -_LN2)
+    return _log2(e) * -_LN2
+
+
 @triton.jit
 def gumbel(key, token):
     """Standard Gumbel noise for `token` under a row key (fp32)."""
-    u = uniform(token_bits(key, token))
-    return -tl.log(-tl.log(u))
+    return gumbel_of(token_bits(key, token))
 
 
 @triton.jit
