@@ -5,9 +5,9 @@ Usage: TRITON_INTERPRET=0 python3 -m benchmarks.stream_sass [--dtypes float32,bf
 
 Runs on a machine without a GPU: it compiles `rows.scan_span` over one 8192-column chunk
 (SCAN_BLOCK_SIZE lanes, the lean scan's launch options) for sm_90a with the ptxas and nvdisasm
-that Triton ships and prints the program's machine instructions per element for four variants:
+that Triton ships and prints the program's machine instructions per element for five variants:
 greedy (maxima only), the raw logits' softmax sum (logprob rows), the scores' (top-p rows),
-both. The streaming pass
+both, and the Gumbel race of an unfiltered random row (`draw`). The streaming pass
 of a filtered or logprob row is bound by instruction issue (BENCHMARKS.md, "The capture modes
 were bound by instruction issue"), so these counts weigh a change to it before a GPU times it.
 --dump writes each variant's disassembly there.
@@ -31,17 +31,19 @@ from graphshard.sample.kernels import SCAN_BLOCK_SIZE, scan_options
 
 CHUNK = 8192
 VOCAB = 152064
-VARIANTS = {"greedy": (False, False), "sum_r": (False, True), "sum_s": (True, False),
-            "both": (True, True)}  # (SUM_S, SUM_R)
+VARIANTS = {"greedy": (False, False, False), "sum_r": (False, False, True),
+            "sum_s": (False, True, False), "both": (False, True, True),
+            "draw": (True, False, False)}  # (DRAW, SUM_S, SUM_R)
 OPTIONS = scan_options(False, SCAN_BLOCK_SIZE)  # the lean scan's: no bitmask support
 THREADS = OPTIONS["num_warps"] * 32
 
 
 @triton.jit
-def _stream_kernel(row_ptr, out_ptr, inv_temp, key, SUM_S: tl.constexpr, SUM_R: tl.constexpr,
-                   CHUNK: tl.constexpr, VOCAB: tl.constexpr, BLOCK: tl.constexpr):
+def _stream_kernel(row_ptr, out_ptr, inv_temp, key, DRAW: tl.constexpr, SUM_S: tl.constexpr,
+                   SUM_R: tl.constexpr, CHUNK: tl.constexpr, VOCAB: tl.constexpr,
+                   BLOCK: tl.constexpr):
     nan, max_x, arg_x, max_z, arg_z, lane_x, lane_r, mass_s, mass_r = rows.scan_span(
-        row_ptr, row_ptr, 1, tl.program_id(0) * CHUNK, inv_temp, key, False, SUM_S, SUM_R,
+        row_ptr, row_ptr, 1, tl.program_id(0) * CHUNK, inv_temp, key, DRAW, SUM_S, SUM_R,
         CHUNK, VOCAB, BLOCK, False)
     # Every result is stored, so none of the pass is compiled away.
     tl.store(out_ptr, max_x + mass_s + mass_r + max_z)
@@ -53,13 +55,13 @@ def _tools() -> Path:
     return Path(triton.__file__).parent / "backends" / "nvidia" / "bin"
 
 
-def disassemble(dtype: str, sum_s: bool, sum_r: bool, tmp: str) -> str:
+def disassemble(dtype: str, draw: bool, sum_s: bool, sum_r: bool, tmp: str) -> str:
     """The variant's machine code for sm_90a (nvdisasm text)."""
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
 
-    consts = dict(SUM_S=sum_s, SUM_R=sum_r, CHUNK=CHUNK, VOCAB=VOCAB, BLOCK=SCAN_BLOCK_SIZE)
-    sig = dict(row_ptr=f"*{dtype}", out_ptr="*fp32", inv_temp="fp32", key="i64",
+    consts = dict(DRAW=draw, SUM_S=sum_s, SUM_R=sum_r, CHUNK=CHUNK, VOCAB=VOCAB, BLOCK=SCAN_BLOCK_SIZE)
+    sig = dict(row_ptr=f"*{dtype}", out_ptr="*fp32", inv_temp="fp32", key="u32",
                **{n: "constexpr" for n in consts})
     # The scan's logits pointer and row stride are specialised on 16-byte alignment, as a GPU
     # run would find them (a fresh tensor, a row stride of a multiple of 16 elements).
@@ -125,6 +127,7 @@ def count(dtype: str, variant: str, tmp: str, dump: str | None = None) -> dict:
     return dict(dtype=dtype, variant=variant, counted=counted, instructions=len(body),
                 elements=elements, per_element=len(body) / elements,
                 ex2_guards=sum("-126" in x for x in body),
+                lg2=sum("MUFU.LG2" in x for x in body),
                 **{op: ops[op] for op in ("MUFU", "FADD", "FMUL", "FSEL")})
 
 

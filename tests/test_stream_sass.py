@@ -5,7 +5,8 @@ suite runs the compiled code: the interpreter takes `tl.exp`'s place there).
 each exp carries ptxas's guard for denormal results (a compare against -126 and two predicated
 multiplies), 3 of the 13 instructions per element that a streaming sum cost on an H200
 (BENCHMARKS.md). This test compiles the stream with the ptxas Triton ships, as
-`python -m benchmarks.stream_sass` does, and fails if a guard or a second exp comes back.
+`python -m benchmarks.stream_sass` does, and fails if a guard or a second exp comes back, or if
+the Gumbel race of a random row takes its logs other than by the SFU (`rng._log2`).
 """
 
 from __future__ import annotations
@@ -41,3 +42,7 @@ def test_stream_sums_take_one_unguarded_exp_per_element():
             r = rows[dtype, variant]
             assert r["ex2_guards"] == 0, r
             assert r["MUFU"] == sums * r["elements"], r
+        # The Gumbel race: two SFU logs per element and no exp, not libdevice's logf (~20
+        # FMA-pipe instructions each, no MUFU).
+        draw = rows[dtype, "draw"]
+        assert draw["lg2"] == 2 * draw["elements"] == draw["MUFU"], draw
