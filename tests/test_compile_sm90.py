@@ -221,8 +221,10 @@ def test_kernels_compile_for_sm90_and_the_scan_does_not_spill():
     # Compiled, not interpreted: an explicit 0 also keeps graphshard from choosing the interpreter.
     env = dict(os.environ, TRITON_INTERPRET="0")
     env["TRITON_CACHE_DIR"] = tempfile.mkdtemp(prefix="graphshard-sm90-")
-    # ~200 s alone on a 2-core machine; beside the other test worker and any other load it has
-    # taken over 600 s.
+    # ~480 s alone on a 2-core machine, ~750 s beside the other test worker. 450 s of it are the
+    # two finish variants, and three quarters of a finish's compile is one Triton pass,
+    # TritonGPUCoalesce (MLIR_ENABLE_TIMING=1), on a 19000-line TTIR with 99 tensor loads and
+    # stores: its time grows with the kernel's size.
     done = subprocess.run([sys.executable, "-m", "tests.test_compile_sm90", "--json"], cwd=ROOT,
                           env=env, capture_output=True, text=True, timeout=1800)
     assert done.returncode == 0, done.stderr[-4000:]
