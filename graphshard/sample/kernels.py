@@ -285,6 +285,7 @@ def _scan_kernel(
     rows,  # rows of the workspace (max_num_reqs * M of its allocation)
     VOCAB: tl.constexpr, M: tl.constexpr, K: tl.constexpr, CHUNK: tl.constexpr,
     SPLITS: tl.constexpr, CAP: tl.constexpr, BLOCK: tl.constexpr, GROUP: tl.constexpr,
+    NUCLEUS_WINNER: tl.constexpr,  # draw a top-p-only row's unfiltered winner (`nucleus_winner`)
 ):
     HAS_BITMASK: tl.constexpr = mask is not None
     slots_ptr, ws_ptr = buffers
@@ -308,9 +309,15 @@ def _scan_kernel(
                                  VOCAB, K)
         small_k = filtered & (top_k > 0) & (top_k <= SMALL_K)
         # The unfiltered winner is the draw of an unfiltered row. A filtered row draws from its
-        # pool, and its stream skips the per-token RNG (the finish computes the unfiltered
-        # winner itself on the rare rows the pool cannot settle).
+        # pool, and its stream skips the per-token RNG, but for a top-p row without top-k and
+        # min-p at small batch (NUCLEUS_WINNER): its nucleus may reach below its pool
+        # (temperature ~1), and the finish then checks whether the nucleus keeps the
+        # unfiltered winner, which the chunks give here for a fraction of the one-program pass
+        # over the row that finds it there.
         draw = is_random & ~filtered
+        if NUCLEUS_WINNER:
+            draw = is_random & (~filtered | ((top_p < 1.0) & ((top_k <= 0) | (top_k >= VOCAB))
+                                             & (min_p <= 0.0)))
         # The program's chunks: GROUP of them, fewer in a row's last program. Each stores its
         # own results; the capture below runs once for all of them, over their lanes' maxima.
         first = tl.program_id(1) * GROUP
@@ -366,11 +373,14 @@ def _stream(row_ptr, mask_row_ptr, mask_on, lo, count, part, inv_temp, key, draw
     """The streaming pass over `count` chunks from `lo` (`_stream_chunks`), in one copy per
     combination a row can ask for, so that greedy and unfiltered rows pay for nothing they
     skip: the Gumbel winner only for `draw` rows, each softmax sum only for the rows that use it
-    (`sum_s`: top-p without a small top-k; `sum_r`: logprobs). A `draw` row is unfiltered: it
-    never needs `sum_s`. -> the per-lane maxima over the chunks (masked, raw) [BLOCK], which
-    only rows that capture use."""
+    (`sum_s`: top-p without a small top-k; `sum_r`: logprobs). A `draw` row with `sum_s` is a
+    top-p row without top-k and min-p. -> the per-lane maxima over the chunks (masked, raw)
+    [BLOCK], which only rows that capture use."""
     span = (row_ptr, mask_row_ptr, mask_on, lo, count, part, inv_temp, key)
-    if draw:
+    if draw & sum_s:
+        lanes = _stream_sum_r(span, sum_r, True, True, CHUNK, SPLITS, VOCAB, BLOCK, HAS_BITMASK,
+                              GROUP)
+    elif draw:
         lanes = _stream_sum_r(span, sum_r, True, False, CHUNK, SPLITS, VOCAB, BLOCK, HAS_BITMASK,
                               GROUP)
     elif sum_s:
@@ -627,6 +637,8 @@ def _finish_kernel(
 ):
     HAS_BITMASK: tl.constexpr = mask is not None
     SLICE: tl.constexpr = finish_slice(CAP, PROGRAMS)
+    # The scan's choice, by the same programs: whether it drew top-p-only rows' winners.
+    NUCLEUS_WINNER: tl.constexpr = nucleus_winner(PROGRAMS)
     slots_ptr, ws_ptr = buffers
     workspace = (ws_ptr, rows)
     row_id = tl.program_id(0)
@@ -646,7 +658,7 @@ def _finish_kernel(
         if PROGRAMS == 1:
             pool = (part, _take_pool(fill), pool_x, pool_id, stats)
             _settle_row(row, None, pool, top, records, draft_ptr, workspace, request, VOCAB, M, K,
-                        SPLITS, CAP, BLOCK, SMALL_BLOCK, HAS_BITMASK)
+                        SPLITS, CAP, BLOCK, SMALL_BLOCK, HAS_BITMASK, NUCLEUS_WINNER)
         else:
             # Only a top-p row without top-k and min-p may be split over the row's programs; the
             # first program settles any other row alone, and the others leave at once. One call
@@ -667,7 +679,8 @@ def _finish_kernel(
             if settles:
                 pool = (part, n_pool, pool_x, pool_id, stats)
                 _settle_row(row, drawn_before, pool, top, records, draft_ptr, workspace, request,
-                            VOCAB, M, K, SPLITS, CAP, BLOCK, SMALL_BLOCK, HAS_BITMASK)
+                            VOCAB, M, K, SPLITS, CAP, BLOCK, SMALL_BLOCK, HAS_BITMASK,
+                            NUCLEUS_WINNER)
 
 
 @triton.jit
@@ -684,7 +697,7 @@ def _take_pool(fill):
 def _settle_row(row, drawn_before, pool, top, records, draft_ptr, workspace, request,
                 VOCAB: tl.constexpr, M: tl.constexpr, K: tl.constexpr, SPLITS: tl.constexpr,
                 CAP: tl.constexpr, BLOCK: tl.constexpr, SMALL_BLOCK: tl.constexpr,
-                HAS_BITMASK: tl.constexpr):
+                HAS_BITMASK: tl.constexpr, NUCLEUS_WINNER: tl.constexpr):
     """A row's token, logprobs and (its request's last row) record, in the one program of the
     finish that settles the row. `row`: the mask flag and `_row_inputs`' results (as
     `resolve.settle_token` takes them); `pool`: the row's (partials, pool count, pool logits,
@@ -698,7 +711,7 @@ def _settle_row(row, drawn_before, pool, top, records, draft_ptr, workspace, req
     SMALL_K: tl.constexpr = small_top_k(BLOCK)
     small_k = filtered & (top_k > 0) & (top_k <= SMALL_K)
     token = settle_token(pool, row, small_k, drawn_before, top, VOCAB, SPLITS, CAP, TILE, BLOCK,
-                         SMALL_BLOCK, HAS_BITMASK, RADIX_BITS)
+                         SMALL_BLOCK, HAS_BITMASK, RADIX_BITS, NUCLEUS_WINNER)
     records_ptr, records_stride = records
     rec_ptr = records_ptr + req.to(tl.int64) * records_stride
     if K > 0:
@@ -891,6 +904,18 @@ def _finish_programs(grid_rows: int, splits: int, cap: int, vocab_size: int,
     return programs
 
 
+@triton.constexpr_function
+def nucleus_winner(programs):
+    """Whether the scan draws a top-p-only row's unfiltered winner, which the finish needs when
+    the row's nucleus reaches below its pool. Where the finish splits rows over programs (small
+    batch) one row's one-program pass over its vocabulary to find the winner holds up the whole
+    step (an H200 at V = 128256, batch 32, one such row: a finish of 101 µs against 21 with the
+    winner from the scan, which costs the top-p scan 2.6 µs at batch 1 and 5 µs at batch 32,
+    BENCHMARKS.md); at large batch the rows' finishes overlap, and the scan's RNG would cost
+    every top-p row's stream."""
+    return programs > 1
+
+
 def sample(logits: torch.Tensor, *, vocab_size: int, num_reqs: torch.Tensor,
            req_slots: torch.Tensor, cu_num_logits: torch.Tensor, seq_lens: torch.Tensor,
            tables: SlotTables, layout: RecordLayout, records: torch.Tensor, max_num_reqs: int,
@@ -955,15 +980,14 @@ def sample(logits: torch.Tensor, *, vocab_size: int, num_reqs: torch.Tensor,
     sizes = dict(VOCAB=vocab_size, M=m, K=k, SPLITS=splits, CAP=cap, BLOCK=chunk_block)
     group = _splits_per_program(max_num_reqs * m, splits, splits_per_program)
     scan_grid = (max_num_reqs * m, -(-splits // group))
+    programs = _finish_programs(max_num_reqs * m, splits, cap, vocab_size, finish_programs)
+    scan_sizes = dict(sizes, CHUNK=chunk, GROUP=group, NUCLEUS_WINNER=nucleus_winner(programs))
     launch(_scan_kernel, scan_grid, logits_arg, *batch, mask, bitmask_stride, bitmask_enabled,
-           *buffers_arg, CHUNK=chunk, GROUP=group, **sizes,
-           **scan_options(bitmask is not None, chunk_block))
+           *buffers_arg, **scan_sizes, **scan_options(bitmask is not None, chunk_block))
     if bitmask_enabled is not None:
         # The variant for steps whose flag is off (see `_scan_kernel`).
         launch(_scan_kernel, scan_grid, logits_arg, *batch, None, 0, bitmask_enabled,
-               *buffers_arg, CHUNK=chunk, GROUP=group, **sizes,
-               **scan_options(False, chunk_block))
-    programs = _finish_programs(max_num_reqs * m, splits, cap, vocab_size, finish_programs)
+               *buffers_arg, **scan_sizes, **scan_options(False, chunk_block))
     launch(_finish_kernel, (max_num_reqs * m, programs), logits_arg, *batch, mask,
            bitmask_stride, bitmask_enabled, *buffers_arg,
            (records, records.stride(0)), draft_tokens, **sizes,

@@ -97,22 +97,27 @@ def store_logprobs(rec_ptr, r, ids, vals, token_logprob, rank, num, M: tl.conste
 @triton.jit
 def settle_token(pool, row, small_k, drawn_before, scratch, VOCAB: tl.constexpr,
                  SPLITS: tl.constexpr, CAP: tl.constexpr, TILE: tl.constexpr, BLOCK: tl.constexpr,
-                 SMALL_BLOCK: tl.constexpr, HAS_BITMASK: tl.constexpr, RADIX_BITS: tl.constexpr):
+                 SMALL_BLOCK: tl.constexpr, HAS_BITMASK: tl.constexpr, RADIX_BITS: tl.constexpr,
+                 NUCLEUS_WINNER: tl.constexpr):
     """The row's token: greedy argmax, unfiltered Gumbel winner, or the filtered draw. `pool` is
     the row's (partials, pool count, pool logits, pool ids, stats); `row` (logits row, bitmask
     row, mask flag, RNG key, 1 / temperature, top_k, top_p, min_p, logprobs, random, filtered);
     `small_k`: a top-k the scan captured whole; `drawn_before`, None or (used, drawn, token): a
     top-p-only row's draw from its pool that the split nucleus draw (`nucleus`) already made, in
     place of `draw_from_pool`'s where used; `scratch`: a word the deep nucleus draw
-    (`deep`) may use (the row's top-K scratch, free until its logprobs)."""
+    (`deep`) may use (the row's top-K scratch, free until its logprobs); NUCLEUS_WINNER: the
+    scan drew a top-p-only row's unfiltered winner (`kernels.nucleus_winner`)."""
     part, n_pool, pool_x, pool_id, stats = pool
     (row_ptr, mask_row_ptr, mask_on, key, inv_temp, top_k, top_p, min_p, _logprobs, is_random,
      filtered) = row
     max_x, token = combine_max(part, P_MAX_X, P_ARG_X, SPLITS)
     if is_random:
-        # An unfiltered row's winner. Without a finite score every chunk reports (-inf, 0):
-        # the winner is token 0.
-        token = combine_max(part, P_MAX_Z, P_ARG_Z, SPLITS)[1]
+        # An unfiltered row's winner, and with NUCLEUS_WINNER (small batch, `kernels`) a
+        # top-p-only row's (`nucleus`), whose chunks' streams drew it too. Without a finite
+        # score every chunk reports (-inf, 0): the winner is token 0.
+        winner = combine_max(part, P_MAX_Z, P_ARG_Z, SPLITS)[1]
+        token = winner
+        nucleus = (top_p < 1.0) & ((top_k <= 0) | (top_k >= VOCAB)) & (min_p <= 0.0)
         max_s = max_x * inv_temp
         if SPLITS == 1:
             # A one-chunk vocabulary is one program's work whatever the path: no pool.
@@ -143,9 +148,15 @@ def settle_token(pool, row, small_k, drawn_before, scratch, VOCAB: tl.constexpr,
                 # The unfiltered winner is the answer exactly when it survives the filters:
                 # fewer than k tokens and less than top_p of the mass lie above it (the norm
                 # must not hang on an unsettled top-k), and min-p keeps it. The chunks' streams
-                # left it out (filtered rows skip the RNG there): one pass finds it here.
-                w0 = scan_span(row_ptr, mask_row_ptr, mask_on, 0, inv_temp, key, True, False,
-                               False, VOCAB, VOCAB, SMALL_BLOCK, HAS_BITMASK)[4]
+                # drew it for a top-p-only row under NUCLEUS_WINNER; other filtered rows skip
+                # the RNG there, and one pass finds it here.
+                w0 = winner
+                own_pass = filtered
+                if NUCLEUS_WINNER:
+                    own_pass = ~nucleus
+                if own_pass:
+                    w0 = scan_span(row_ptr, mask_row_ptr, mask_on, 0, inv_temp, key, True, False,
+                                   False, VOCAB, VOCAB, SMALL_BLOCK, HAS_BITMASK)[4]
                 token = w0
                 v_s = tl.load(row_ptr + _token_index(w0, VOCAB)).to(tl.float32) * inv_temp
                 if ((min_p <= 0.0) | (v_s >= t_m)) & (k_ok | (top_p >= 1.0)):
@@ -155,7 +166,6 @@ def settle_token(pool, row, small_k, drawn_before, scratch, VOCAB: tl.constexpr,
                     use_top_k = (top_k > 0) & (top_k < VOCAB)
                     whole_row = ~((~use_top_k | (above < top_k))
                                   & ((top_p >= 1.0) | (mass < top_p * norm)))
-            nucleus = (top_p < 1.0) & ((top_k <= 0) | (top_k >= VOCAB)) & (min_p <= 0.0)
             if whole_row & nucleus & (max_s < float("inf")):
                 # A nucleus deeper than the pool whose unfiltered winner it leaves out (one
                 # draw in ten at top-p 0.9; the check above costs a third of this): passes

@@ -83,30 +83,34 @@ else:
 
 
 _LN2 = tl.constexpr(0.6931471805599453)
+# -log(log 2): g = -log(e) for e = t log 2 is -log(2) log2(t) plus this.
+_NEG_LOG_LN2 = tl.constexpr(0.36651292058166435)
 
 
 @triton.jit
 def gumbel_of(bits):
     """Standard Gumbel noise -log(-log(u)) of the uniform `uniform(bits)` (fp32).
 
-    e = -log(u) is small exactly where the Gumbel value is large (the winners), and there a log
-    of u (close to 1) would keep only the log's absolute error: e comes from the series of
-    -log(1 - w) in w = 1 - u, exact in fp32 like u, while w <= 1/8 (8 terms, truncation below
-    1e-8 relative), and from log2(u) above (e >= 0.13, so the SFU's absolute error is ~1e-6
-    of it at most). g = -log(e) is then one more log2 with its relative error: at most a few
-    units in the last place of a score plus g."""
+    t = -log2(u) is small exactly where the Gumbel value is large (the winners), and there a
+    log of u (close to 1) would keep only the log's absolute error: t comes from the series of
+    -log2(1 - w) in w = 1 - u, exact in fp32 like u, while w <= 1/8 (8 terms, truncation below
+    1e-8 relative), and from log2(u) above (t >= 0.19, so the SFU's absolute error is ~1e-6 of
+    it at most). g = -log(t log 2) is then one more log2 with its relative error: at most a few
+    units in the last place of a score plus g. Explicit FMAs (the kernels compile without
+    contraction, for the scores' sake): none of these roundings is mirrored anywhere."""
     b = bits >> 9
-    u = (b.to(tl.float32) + 0.5) * 1.1920928955078125e-07
-    w = ((8388607 - b).to(tl.float32) + 0.5) * 1.1920928955078125e-07
-    series = 0.14285714285714285 + w * 0.125
-    series = 0.16666666666666666 + w * series
-    series = 0.2 + w * series
-    series = 0.25 + w * series
-    series = 0.3333333333333333 + w * series
-    series = 0.5 + w * series
-    series = w + w * (w * series)
-    e = tl.where(w <= 0.125, series, _log2(u) * -_LN2)
-    return _log2(e) * -_LN2
+    u = tl.fma(b.to(tl.float32), 1.1920928955078125e-07, 5.960464477539063e-08)
+    w = tl.fma((8388607 - b).to(tl.float32), 1.1920928955078125e-07, 5.960464477539063e-08)
+    # -log2(1 - w) = sum w^n / (n log 2), by Horner from n = 8.
+    series = tl.fma(w, 0.18033688011112042, 0.2060992915555662)
+    series = tl.fma(w, series, 0.2404491734814939)
+    series = tl.fma(w, series, 0.28853900817779266)
+    series = tl.fma(w, series, 0.36067376022224085)
+    series = tl.fma(w, series, 0.48089834696298783)
+    series = tl.fma(w, series, 0.7213475204444817)
+    series = tl.fma(w, series, 1.4426950408889634)
+    t = tl.where(w <= 0.125, w * series, -_log2(u))
+    return tl.fma(_log2(t), -_LN2, _NEG_LOG_LN2)
 
 
 @triton.jit
