@@ -49,8 +49,9 @@ chunks of a row (one at small batch, so a single row spreads over many SMs; two 
 1. `_scan_kernel`, grid `(max_num_reqs * M, ceil(SPLITS / GROUP))`, launched twice when a
    device flag switches the bitmask (with and without bitmask support; the flag picks which one
    works). Each program reads each of its chunks once for the greedy argmax, the NaN flag,
-   (unfiltered random rows) the Gumbel-max winner and (top-p and logprob rows) the softmax
-   sums, kept online per lane and stored per chunk. Rows with filters or logprobs then capture
+   (unfiltered random rows, and top-p-only rows at small batch: `nucleus_winner`) the
+   Gumbel-max winner and (top-p and logprob rows) the softmax sums, kept online per lane and
+   stored per chunk. Rows with filters or logprobs then capture
    their candidates into the row's pool (`graphshard.sample.floors`): the program picks a
    cut from its lanes' maxima, and only the lanes whose maximum reaches it are read again
    (from L2). Min-p-only rows cut at the row maximum published so
@@ -909,10 +910,10 @@ def nucleus_winner(programs):
     """Whether the scan draws a top-p-only row's unfiltered winner, which the finish needs when
     the row's nucleus reaches below its pool. Where the finish splits rows over programs (small
     batch) one row's one-program pass over its vocabulary to find the winner holds up the whole
-    step (an H200 at V = 128256, batch 32, one such row: a finish of 101 µs against 21 with the
-    winner from the scan, which costs the top-p scan 2.6 µs at batch 1 and 5 µs at batch 32,
-    BENCHMARKS.md); at large batch the rows' finishes overlap, and the scan's RNG would cost
-    every top-p row's stream."""
+    step (an H200 at V = 128256, batch 32, one such row: a finish of 101-110 µs against 22 with
+    the winner from the scan, which costs the top-p scan 2.4-3 µs at batch 1 and 3.4-4.5 µs at
+    batch 32, BENCHMARKS.md); at large batch the rows' finishes overlap, and the scan's RNG
+    would cost every top-p row's stream."""
     return programs > 1
 
 
