@@ -5,9 +5,10 @@ Usage: TRITON_INTERPRET=0 python3 -m benchmarks.stream_sass [--dtypes float32,bf
 
 Runs on a machine without a GPU: it compiles `rows.scan_span` over one 8192-column chunk
 (SCAN_BLOCK_SIZE lanes, the lean scan's launch options) for sm_90a with the ptxas and nvdisasm
-that Triton ships and prints the program's machine instructions per element for five variants:
+that Triton ships and prints the program's machine instructions per element for six variants:
 greedy (maxima only), the raw logits' softmax sum (logprob rows), the scores' (top-p rows),
-both, and the Gumbel race of an unfiltered random row (`draw`). The streaming pass
+both, the Gumbel race of an unfiltered random row (`draw`), and the race with the scores' sum
+of a top-p-only row at small batch (`draw_sum_s`, `kernels.nucleus_winner`). The streaming pass
 of a filtered or logprob row is bound by instruction issue (BENCHMARKS.md, "The capture modes
 were bound by instruction issue"), so these counts weigh a change to it before a GPU times it.
 --dump writes each variant's disassembly there.
@@ -33,7 +34,7 @@ CHUNK = 8192
 VOCAB = 152064
 VARIANTS = {"greedy": (False, False, False), "sum_r": (False, False, True),
             "sum_s": (False, True, False), "both": (False, True, True),
-            "draw": (True, False, False)}  # (DRAW, SUM_S, SUM_R)
+            "draw": (True, False, False), "draw_sum_s": (True, True, False)}  # (DRAW, SUM_S, SUM_R)
 OPTIONS = scan_options(False, SCAN_BLOCK_SIZE)  # the lean scan's: no bitmask support
 THREADS = OPTIONS["num_warps"] * 32
 

@@ -46,3 +46,7 @@ def test_stream_sums_take_one_unguarded_exp_per_element():
         # FMA-pipe instructions each, no MUFU).
         draw = rows[dtype, "draw"]
         assert draw["lg2"] == 2 * draw["elements"] == draw["MUFU"], draw
+        # A small-batch top-p-only row's race and score sum: the two logs and one exp.
+        both = rows[dtype, "draw_sum_s"]
+        assert both["ex2_guards"] == 0, both
+        assert both["lg2"] == 2 * both["elements"] and both["MUFU"] == 3 * both["elements"], both
