@@ -24,9 +24,10 @@ import triton
 import triton.language as tl
 
 from benchmarks.stream_sass import OPTIONS, instructions, machine_code
-from graphshard.sample import floors, kernels
-from graphshard.sample.kernels import (FLOOR_PASSES, HOT_FEW, HOT_SOME, HOT_TILE, RADIX_BITS,
-                                       SCAN_BLOCK_SIZE)
+from graphshard.sample import floors
+from graphshard.sample.floors import FLOOR_PASSES, FLOOR_RADIX_BITS, HOT_FEW, HOT_SOME
+from graphshard.sample.kernels import SCAN_BLOCK_SIZE
+from graphshard.sample.workspace import HOT_TILE
 
 CHUNK = 8192
 VOCAB = 152064
@@ -62,14 +63,14 @@ def _capture_kernel(row_ptr, lanes_ptr, out_ptr, ws_ptr, need, PATH: tl.constexp
         floor = floors.refine_floor(lane_x, need, cut, tl.max(lane_x, axis=0))
     elif PATH == 3:
         floor = floors.chunk_floor(floors.fold_lanes(lane_x, BLOCK, LANES), need, LANES, 1,
-                                   RADIX_BITS)
+                                   FLOOR_RADIX_BITS)
     elif PATH == 4:
         hot = lane_x >= cut
         num_hot = tl.sum(hot.to(tl.int32), axis=0)
-        kernels._list_hot(hot_list, hot, BLOCK)
+        floors.list_hot(hot_list, hot, BLOCK)
         tl.debug_barrier()
-        kernels._capture_listed(row_ptr, row_ptr, 1, 0, fill, pool_x, pool_id, hot_list, num_hot,
-                                1.0, cut, cut, VOCAB, CHUNK, CAP, BLOCK, False, GROUP, SLOTS)
+        floors.capture_listed(row_ptr, row_ptr, 1, 0, fill, pool_x, pool_id, hot_list, num_hot,
+                              1.0, cut, cut, VOCAB, CHUNK, CAP, BLOCK, False, GROUP, SLOTS)
     tl.store(out_ptr, floor)
 
 

@@ -17,7 +17,7 @@ after others have published (at large batch most do: the grid runs a row's chunk
 batch-wide wave after another) refines the published cut with one pass over its lanes
 (`refine_floor`) instead of a radix search (`chunk_floor`); where the need is small (logprobs,
 a small top-k) it captures above the published cut as it is and publishes nothing
-(`kernels._capture_above_floors`).
+(`capture_above_floors`).
 
 A program that streams several chunks of a row (`kernels.SPLITS_PER_PROGRAM`) does all of this
 once for them, over the maxima of all their lanes, and reports its floor for each of them.
@@ -35,7 +35,8 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from graphshard.sample.rows import key_to_float, order_key
+from graphshard.sample.rows import key_to_float, load_masked, order_key, second_tile
+from graphshard.sample.workspace import HOT_LANES, HOT_TILE
 
 DISALLOWED = tl.constexpr(-2147483648)  # bit 31 of a pool id
 ID_BITS = tl.constexpr(0x7FFFFFFF)
@@ -45,6 +46,32 @@ ID_BITS = tl.constexpr(0x7FFFFFFF)
 # 2048 entries) 16 is within 2 % of 32 at batch 256 for top-k rows (4 % slower with logprobs
 # too) and 3-8 % faster at 1024.
 FLOOR_PIVOTS = tl.constexpr(16)
+# Adjacent lanes a scan thread holds (1024 lanes over 8 warps, 512 over 4:
+# `kernels.scan_options`): folds and prefix sums over groups of them stay within a thread. (A
+# smaller tile, below 512 columns of vocabulary, only pays a layout change.)
+THREAD_LANES = tl.constexpr(4)
+# Tiles of the hot-lane capture smaller than HOT_TILE, for programs with few hot lanes.
+HOT_FEW = tl.constexpr(32)
+HOT_SOME = tl.constexpr(128)
+# Lane maxima a chunk folds its tiles into before picking its capture floor.
+FLOOR_LANES = 1024
+# Lanes of the cheaper floor search for needs up to a quarter of them (small top-k, logprobs).
+SMALL_FLOOR_LANES = 256
+# Key digits a capture floor is resolved to: FLOOR_PASSES passes of FLOOR_RADIX_BITS bits, 16
+# bits (sign, exponent, 7 mantissa bits), put the floor within 1% of the exact order statistic.
+FLOOR_PASSES = tl.constexpr(4)
+FLOOR_RADIX_BITS = tl.constexpr(4)
+
+
+# Sizes the kernels derive from their constexprs (plain Python, run when a kernel compiles).
+@triton.constexpr_function
+def floor_lanes(block):
+    return min(FLOOR_LANES, block)
+
+
+@triton.constexpr_function
+def small_floor_lanes(block):
+    return min(SMALL_FLOOR_LANES, floor_lanes(block))
 
 
 @triton.jit
@@ -133,3 +160,155 @@ def published_cut(fill_ptr):
     between those loads; threads that disagree on the cut would mix pivots of two searches."""
     shared = (fill_ptr + 1).to(tl.pointer_type(tl.uint32))
     return key_to_float(tl.atomic_or(shared, 0, sem="relaxed"))
+
+
+@triton.jit
+def capture_above_floors(row_ptr, mask_row_ptr, mask_on, lo, fill, pool_x, pool_id, hot,
+                          lane_x, lane_r, need_s, need_r, VOCAB: tl.constexpr,
+                          CHUNK: tl.constexpr, CAP: tl.constexpr, BLOCK: tl.constexpr,
+                          HAS_BITMASK: tl.constexpr, GROUP: tl.constexpr):
+    """Capture the candidates of GROUP chunks from `lo` for top-k, top-p and logprobs rows ->
+    (floor_s, floor_r): allowed tokens with a logit below floor_s, and tokens with a raw logit
+    below floor_r, were left out."""
+    LANES: tl.constexpr = floor_lanes(BLOCK)
+    SMALL_LANES: tl.constexpr = small_floor_lanes(BLOCK)
+    separate = False
+    if HAS_BITMASK:
+        separate = mask_on
+    if separate:
+        floor_s = tl.where(need_s > 0, _lane_floor(lane_x, need_s, BLOCK, LANES, SMALL_LANES),
+                           float("inf"))
+        floor_r = tl.where(need_r > 0, _lane_floor(lane_r, need_r, BLOCK, LANES, SMALL_LANES),
+                           float("inf"))
+    else:
+        # The row's chunks share one cut: each captures above the largest floor published so
+        # far, and a chunk that starts after another has published refines that cut in one pass
+        # instead of searching (`refine_floor`). Every answer is checked against the largest
+        # floor, so nothing below it was of use anyway. A small need (logprobs, a top-k of up
+        # to 64) keeps the published cut as it is, with nothing new to publish: the few more
+        # candidates it leaves cost the finish less than the refinement's pivot counts cost
+        # every program (BENCHMARKS.md).
+        need = tl.maximum(need_s, need_r)
+        low = published_cut(fill)
+        if (low > float("-inf")) & (need * 4 <= SMALL_LANES):
+            floor_s = low
+        elif low > float("-inf"):
+            floor_s = share_floor(fill, refine_floor(lane_x, need, low, tl.max(lane_x, axis=0)))
+        else:
+            floor_s = share_floor(fill, _lane_floor(lane_x, need, BLOCK, LANES, SMALL_LANES))
+        floor_r = floor_s
+    capture_hot(row_ptr, mask_row_ptr, mask_on, lo, fill, pool_x, pool_id, hot, lane_x, lane_r,
+                1.0, floor_s, floor_r, VOCAB, CHUNK, CAP, BLOCK, HAS_BITMASK, GROUP)
+    return floor_s, floor_r
+
+
+@triton.jit
+def _lane_floor(lane_max, need, BLOCK: tl.constexpr, LANES: tl.constexpr,
+                SMALL_LANES: tl.constexpr):
+    """`chunk_floor` over the lane maxima folded to LANES, or to SMALL_LANES when `need` is
+    small: a quarter of the search for a somewhat lower floor."""
+    if need * 4 <= SMALL_LANES:
+        floor = chunk_floor(fold_lanes(lane_max, BLOCK, SMALL_LANES), need, SMALL_LANES,
+                            FLOOR_PASSES, FLOOR_RADIX_BITS)
+    else:
+        floor = chunk_floor(fold_lanes(lane_max, BLOCK, LANES), need, LANES, FLOOR_PASSES,
+                            FLOOR_RADIX_BITS)
+    return floor
+
+
+@triton.jit
+def list_hot(hot_list, hot, BLOCK: tl.constexpr):
+    """Store the ids of the `hot` lanes [BLOCK] at `hot_list`, in lane order. Positions come
+    from a prefix sum over threads (THREAD_LANES adjacent lanes each, as the scan's layout
+    holds them) plus one within a thread: a prefix sum over all the lanes first moved them
+    between threads through shared memory, for ~3x the instructions (sm_90a)."""
+    GROUPS: tl.constexpr = BLOCK // THREAD_LANES
+    flags = tl.reshape(hot.to(tl.int32), [GROUPS, THREAD_LANES])
+    per_thread = tl.sum(flags, axis=1)  # [GROUPS]
+    pos = (tl.cumsum(per_thread, axis=0) - per_thread)[:, None] + tl.cumsum(flags, axis=1) - flags
+    lanes = tl.reshape(tl.arange(0, BLOCK), [GROUPS, THREAD_LANES])
+    tl.store(hot_list + pos, lanes, mask=flags != 0)
+
+
+@triton.jit
+def capture_hot(row_ptr, mask_row_ptr, mask_on, lo, fill, pool_x, pool_id, hot_list, lane_x,
+                lane_r, scale, cut_s, cut_r, VOCAB: tl.constexpr, CHUNK: tl.constexpr,
+                CAP: tl.constexpr, BLOCK: tl.constexpr, HAS_BITMASK: tl.constexpr,
+                GROUP: tl.constexpr):
+    """Capture the tokens of GROUP chunks from `lo` at or above the cuts (allowed ones whose
+    `logit * scale` reaches `cut_s`, any whose logit reaches `cut_r`) into the row's pool. Only
+    lanes whose maximum reaches a cut can hold such a token, and few do. Up to HOT_LANES of them
+    are listed (in `hot_list`, the program's scratch [HOT_LANES]) and read again in one or two
+    loads per chunk; more are read tile by tile, the cold lanes loading nothing. The last
+    program of a row may have fewer than GROUP chunks: the missing ones' columns lie past the
+    vocabulary and read as padding."""
+    hot = (lane_x * scale >= cut_s) | (lane_r >= cut_r)  # [BLOCK]
+    lanes = tl.arange(0, BLOCK)
+    num_hot = tl.sum(hot.to(tl.int32), axis=0)
+    if num_hot <= HOT_LANES:
+        # A tile-by-tile pass costs every lane, hot or cold, its instructions; listing the hot
+        # lanes first costs one prefix sum. The listed lanes are read in a tile sized to their
+        # number: every slot of a tile costs its instructions, listed or not, and a row that
+        # needs a few candidates (logprobs, a small top-k) leaves a few lanes hot.
+        list_hot(hot_list, hot, BLOCK)
+        tl.debug_barrier()
+        if num_hot <= HOT_FEW:
+            capture_listed(row_ptr, mask_row_ptr, mask_on, lo, fill, pool_x, pool_id, hot_list,
+                           num_hot, scale, cut_s, cut_r, VOCAB, CHUNK, CAP, BLOCK, HAS_BITMASK,
+                           GROUP, HOT_FEW)
+        elif num_hot <= HOT_SOME:
+            capture_listed(row_ptr, mask_row_ptr, mask_on, lo, fill, pool_x, pool_id, hot_list,
+                           num_hot, scale, cut_s, cut_r, VOCAB, CHUNK, CAP, BLOCK, HAS_BITMASK,
+                           GROUP, HOT_SOME)
+        else:
+            capture_listed(row_ptr, mask_row_ptr, mask_on, lo, fill, pool_x, pool_id, hot_list,
+                           num_hot, scale, cut_s, cut_r, VOCAB, CHUNK, CAP, BLOCK, HAS_BITMASK,
+                           GROUP, HOT_TILE)
+            if num_hot > HOT_TILE:
+                capture_listed(row_ptr, mask_row_ptr, mask_on, lo, fill, pool_x, pool_id,
+                               hot_list + HOT_TILE, num_hot - HOT_TILE, scale, cut_s, cut_r,
+                               VOCAB, CHUNK, CAP, BLOCK, HAS_BITMASK, GROUP,
+                               HOT_LANES - HOT_TILE)
+    else:
+        for c in tl.static_range(GROUP):
+            for start in range(0, CHUNK, 2 * BLOCK):
+                # A cold lane's column reads as padding: nothing loaded, nothing taken.
+                offs_a = lo + c * CHUNK + start + lanes
+                offs_b = second_tile(offs_a, CHUNK, VOCAB, BLOCK)
+                _, _, raw_a, allowed_a = load_masked(row_ptr, mask_row_ptr, mask_on,
+                                                     tl.where(hot, offs_a, VOCAB), VOCAB,
+                                                     HAS_BITMASK)
+                _, _, raw_b, allowed_b = load_masked(row_ptr, mask_row_ptr, mask_on,
+                                                     tl.where(hot, offs_b, VOCAB), VOCAB,
+                                                     HAS_BITMASK)
+                _capture_cut(pool_x, pool_id, fill, raw_a, allowed_a, offs_a, scale, cut_s,
+                             cut_r, CAP)
+                _capture_cut(pool_x, pool_id, fill, raw_b, allowed_b, offs_b, scale, cut_s,
+                             cut_r, CAP)
+
+
+@triton.jit
+def capture_listed(row_ptr, mask_row_ptr, mask_on, lo, fill, pool_x, pool_id, hot_list, num,
+                   scale, cut_s, cut_r, VOCAB: tl.constexpr, CHUNK: tl.constexpr,
+                   CAP: tl.constexpr, BLOCK: tl.constexpr, HAS_BITMASK: tl.constexpr,
+                   GROUP: tl.constexpr, SLOTS: tl.constexpr):
+    """`capture_hot` of the first `num` (<= SLOTS, or more: the rest are left) lanes listed at
+    `hot_list`: each chunk's columns of those lanes in one load."""
+    TILES: tl.constexpr = CHUNK // BLOCK
+    slot = tl.arange(0, SLOTS)
+    listed = slot < num
+    ids = tl.load(hot_list + slot, mask=listed, other=0, cache_modifier=".cg")  # [SLOTS]
+    cols = tl.arange(0, TILES)[:, None] * BLOCK + ids[None, :]  # [TILES, SLOTS]
+    for c in tl.static_range(GROUP):
+        offs = lo + c * CHUNK + cols
+        _, _, raw, allowed = load_masked(row_ptr, mask_row_ptr, mask_on,
+                                         tl.where(listed[None, :], offs, VOCAB), VOCAB,
+                                         HAS_BITMASK)
+        _capture_cut(pool_x, pool_id, fill, raw, allowed, offs, scale, cut_s, cut_r, CAP)
+
+
+@triton.jit
+def _capture_cut(pool_x, pool_id, fill, raw, allowed, offs, scale, cut_s, cut_r,
+                 CAP: tl.constexpr):
+    take = (raw > float("-inf")) & ((allowed & (raw * scale >= cut_s)) | (raw >= cut_r))
+    capture(pool_x, pool_id, fill, raw, allowed, offs, take, CAP)

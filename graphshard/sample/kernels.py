@@ -90,10 +90,10 @@ from graphshard.sample.records import RecordLayout
 from graphshard.sample.nucleus import (COUNT_BITS, MAX_PROGRAMS, STAT_WORDS, close_pool,
                                        split_nucleus)
 from graphshard.sample.resolve import has_nan, settle_logprobs, settle_token, store_logprobs
-from graphshard.sample.rows import load_masked, scan_span, second_tile, uses_filters
-from graphshard.sample.floors import (capture, chunk_floor, fold_lanes, published_cut,
-                                      refine_floor, share_floor)
-from graphshard.sample.workspace import (CHUNK_TOP, HOT_LANES, HOT_TILE, MAX_LOGPROBS, P_ARG_X,
+from graphshard.sample.rows import scan_span, uses_filters
+from graphshard.sample.floors import (capture_above_floors, capture_hot, floor_lanes,
+                                      share_floor)
+from graphshard.sample.workspace import (CHUNK_TOP, HOT_LANES, MAX_LOGPROBS, P_ARG_X,
                                           P_ARG_Z, P_FLOOR_R, P_FLOOR_S, P_MAX_R, P_MAX_X, P_MAX_Z,
                                           P_NAN, P_SUM_R, P_SUM_S, SMALL_TOP_K, SamplerWorkspace,
                                           padded, workspace_request, workspace_row)
@@ -134,21 +134,7 @@ SMALL_BLOCK_SIZE = 512
 POOL_TILE = 1024
 # Bits of a threshold decided per pass of a radix search: 16 candidates, 8 passes.
 RADIX_BITS = tl.constexpr(4)
-# Adjacent lanes a scan thread holds (1024 lanes over 8 warps, 512 over 4: `scan_options`):
-# folds and prefix sums over groups of them stay within a thread. (A smaller tile, below 512
-# columns of vocabulary, only pays a layout change.)
-THREAD_LANES = tl.constexpr(4)
-# Tiles of the hot-lane capture smaller than HOT_TILE, for programs with few hot lanes.
-HOT_FEW = tl.constexpr(32)
-HOT_SOME = tl.constexpr(128)
-# Lane maxima a chunk folds its tiles into before picking its capture floor.
-FLOOR_LANES = 1024
-# Lanes of the cheaper floor search for needs up to a quarter of them (small top-k, logprobs).
-SMALL_FLOOR_LANES = 256
 SLOT_ROW = tl.constexpr(SLOT_WIDTH)
-# Key digits a capture floor is resolved to: 16 bits (sign, exponent, 7 mantissa bits) put the
-# floor within 1% of the exact order statistic.
-FLOOR_PASSES = tl.constexpr(4)
 
 
 class Bitmask(NamedTuple):
@@ -166,16 +152,6 @@ def bitmask_words(vocab: int) -> int:
 
 
 # Sizes the kernels derive from their constexprs (plain Python, run when a kernel compiles).
-@triton.constexpr_function
-def floor_lanes(block):
-    return min(FLOOR_LANES, block)
-
-
-@triton.constexpr_function
-def small_floor_lanes(block):
-    return min(SMALL_FLOOR_LANES, floor_lanes(block))
-
-
 @triton.constexpr_function
 def small_top_k(block):
     """The largest top-k whose rows capture k candidates per scan program."""
@@ -353,14 +329,14 @@ def _scan_kernel(
             # -inf, and no floor search is needed.
             row_max = share_floor(fill, tl.max(lane_x, axis=0))
             floor_s = tl.full((), float("-inf"), tl.float32)
-            _capture_hot(row_ptr, mask_row_ptr, mask_on, lo, fill, pool_x, pool_id, hot, lane_x,
-                         lane_r, inv_temp, row_max * inv_temp + tl.log(min_p), float("inf"),
-                         VOCAB, CHUNK, CAP, BLOCK, HAS_BITMASK, GROUP)
+            capture_hot(row_ptr, mask_row_ptr, mask_on, lo, fill, pool_x, pool_id, hot, lane_x,
+                        lane_r, inv_temp, row_max * inv_temp + tl.log(min_p), float("inf"),
+                        VOCAB, CHUNK, CAP, BLOCK, HAS_BITMASK, GROUP)
         elif (SPLITS > 1) & ((need_s > 0) | (need_r > 0)):
-            floor_s, floor_r = _capture_above_floors(row_ptr, mask_row_ptr, mask_on, lo, fill,
-                                                     pool_x, pool_id, hot, lane_x, lane_r,
-                                                     need_s, need_r, VOCAB, CHUNK, CAP, BLOCK,
-                                                     HAS_BITMASK, GROUP)
+            floor_s, floor_r = capture_above_floors(row_ptr, mask_row_ptr, mask_on, lo, fill,
+                                                    pool_x, pool_id, hot, lane_x, lane_r,
+                                                    need_s, need_r, VOCAB, CHUNK, CAP, BLOCK,
+                                                    HAS_BITMASK, GROUP)
         _store_floors(part + first, floor_s, floor_r, SPLITS)
         for c in tl.static_range(1, GROUP):
             if c < count:
@@ -452,46 +428,6 @@ def _stream_chunks(span, DRAW: tl.constexpr, SUM_S: tl.constexpr, SUM_R: tl.cons
 
 
 @triton.jit
-def _capture_above_floors(row_ptr, mask_row_ptr, mask_on, lo, fill, pool_x, pool_id, hot,
-                          lane_x, lane_r, need_s, need_r, VOCAB: tl.constexpr,
-                          CHUNK: tl.constexpr, CAP: tl.constexpr, BLOCK: tl.constexpr,
-                          HAS_BITMASK: tl.constexpr, GROUP: tl.constexpr):
-    """Capture the candidates of GROUP chunks from `lo` for top-k, top-p and logprobs rows ->
-    (floor_s, floor_r): allowed tokens with a logit below floor_s, and tokens with a raw logit
-    below floor_r, were left out."""
-    LANES: tl.constexpr = floor_lanes(BLOCK)
-    SMALL_LANES: tl.constexpr = small_floor_lanes(BLOCK)
-    separate = False
-    if HAS_BITMASK:
-        separate = mask_on
-    if separate:
-        floor_s = tl.where(need_s > 0, _lane_floor(lane_x, need_s, BLOCK, LANES, SMALL_LANES),
-                           float("inf"))
-        floor_r = tl.where(need_r > 0, _lane_floor(lane_r, need_r, BLOCK, LANES, SMALL_LANES),
-                           float("inf"))
-    else:
-        # The row's chunks share one cut: each captures above the largest floor published so
-        # far, and a chunk that starts after another has published refines that cut in one pass
-        # instead of searching (`refine_floor`). Every answer is checked against the largest
-        # floor, so nothing below it was of use anyway. A small need (logprobs, a top-k of up
-        # to 64) keeps the published cut as it is, with nothing new to publish: the few more
-        # candidates it leaves cost the finish less than the refinement's pivot counts cost
-        # every program (BENCHMARKS.md).
-        need = tl.maximum(need_s, need_r)
-        low = published_cut(fill)
-        if (low > float("-inf")) & (need * 4 <= SMALL_LANES):
-            floor_s = low
-        elif low > float("-inf"):
-            floor_s = share_floor(fill, refine_floor(lane_x, need, low, tl.max(lane_x, axis=0)))
-        else:
-            floor_s = share_floor(fill, _lane_floor(lane_x, need, BLOCK, LANES, SMALL_LANES))
-        floor_r = floor_s
-    _capture_hot(row_ptr, mask_row_ptr, mask_on, lo, fill, pool_x, pool_id, hot, lane_x, lane_r,
-                 1.0, floor_s, floor_r, VOCAB, CHUNK, CAP, BLOCK, HAS_BITMASK, GROUP)
-    return floor_s, floor_r
-
-
-@triton.jit
 def _store_scan(out, nan, max_x, arg_x, max_z, arg_z, max_r, sum_r, sum_s, SPLITS: tl.constexpr):
     """A chunk's streaming results, one word per field, into its column of the row's partials."""
     tl.store(out + P_NAN * SPLITS, nan)
@@ -509,118 +445,6 @@ def _store_floors(out, floor_s, floor_r, SPLITS: tl.constexpr):
     """A chunk's capture floors into its column of the row's partials."""
     tl.store(out + P_FLOOR_S * SPLITS, floor_s.to(tl.int32, bitcast=True))
     tl.store(out + P_FLOOR_R * SPLITS, floor_r.to(tl.int32, bitcast=True))
-
-
-@triton.jit
-def _lane_floor(lane_max, need, BLOCK: tl.constexpr, LANES: tl.constexpr,
-                SMALL_LANES: tl.constexpr):
-    """`chunk_floor` over the lane maxima folded to LANES, or to SMALL_LANES when `need` is
-    small: a quarter of the search for a somewhat lower floor."""
-    if need * 4 <= SMALL_LANES:
-        floor = chunk_floor(fold_lanes(lane_max, BLOCK, SMALL_LANES), need, SMALL_LANES,
-                            FLOOR_PASSES, RADIX_BITS)
-    else:
-        floor = chunk_floor(fold_lanes(lane_max, BLOCK, LANES), need, LANES, FLOOR_PASSES,
-                            RADIX_BITS)
-    return floor
-
-
-@triton.jit
-def _list_hot(hot_list, hot, BLOCK: tl.constexpr):
-    """Store the ids of the `hot` lanes [BLOCK] at `hot_list`, in lane order. Positions come
-    from a prefix sum over threads (THREAD_LANES adjacent lanes each, as the scan's layout
-    holds them) plus one within a thread: a prefix sum over all the lanes first moved them
-    between threads through shared memory, for ~3x the instructions (sm_90a)."""
-    GROUPS: tl.constexpr = BLOCK // THREAD_LANES
-    flags = tl.reshape(hot.to(tl.int32), [GROUPS, THREAD_LANES])
-    per_thread = tl.sum(flags, axis=1)  # [GROUPS]
-    pos = (tl.cumsum(per_thread, axis=0) - per_thread)[:, None] + tl.cumsum(flags, axis=1) - flags
-    lanes = tl.reshape(tl.arange(0, BLOCK), [GROUPS, THREAD_LANES])
-    tl.store(hot_list + pos, lanes, mask=flags != 0)
-
-
-@triton.jit
-def _capture_hot(row_ptr, mask_row_ptr, mask_on, lo, fill, pool_x, pool_id, hot_list, lane_x,
-                 lane_r, scale, cut_s, cut_r, VOCAB: tl.constexpr, CHUNK: tl.constexpr,
-                 CAP: tl.constexpr, BLOCK: tl.constexpr, HAS_BITMASK: tl.constexpr,
-                 GROUP: tl.constexpr):
-    """Capture the tokens of GROUP chunks from `lo` at or above the cuts (allowed ones whose
-    `logit * scale` reaches `cut_s`, any whose logit reaches `cut_r`) into the row's pool. Only
-    lanes whose maximum reaches a cut can hold such a token, and few do. Up to HOT_LANES of them
-    are listed (in `hot_list`, the program's scratch [HOT_LANES]) and read again in one or two
-    loads per chunk; more are read tile by tile, the cold lanes loading nothing. The last
-    program of a row may have fewer than GROUP chunks: the missing ones' columns lie past the
-    vocabulary and read as padding."""
-    hot = (lane_x * scale >= cut_s) | (lane_r >= cut_r)  # [BLOCK]
-    lanes = tl.arange(0, BLOCK)
-    num_hot = tl.sum(hot.to(tl.int32), axis=0)
-    if num_hot <= HOT_LANES:
-        # A tile-by-tile pass costs every lane, hot or cold, its instructions; listing the hot
-        # lanes first costs one prefix sum. The listed lanes are read in a tile sized to their
-        # number: every slot of a tile costs its instructions, listed or not, and a row that
-        # needs a few candidates (logprobs, a small top-k) leaves a few lanes hot.
-        _list_hot(hot_list, hot, BLOCK)
-        tl.debug_barrier()
-        if num_hot <= HOT_FEW:
-            _capture_listed(row_ptr, mask_row_ptr, mask_on, lo, fill, pool_x, pool_id, hot_list,
-                            num_hot, scale, cut_s, cut_r, VOCAB, CHUNK, CAP, BLOCK, HAS_BITMASK,
-                            GROUP, HOT_FEW)
-        elif num_hot <= HOT_SOME:
-            _capture_listed(row_ptr, mask_row_ptr, mask_on, lo, fill, pool_x, pool_id, hot_list,
-                            num_hot, scale, cut_s, cut_r, VOCAB, CHUNK, CAP, BLOCK, HAS_BITMASK,
-                            GROUP, HOT_SOME)
-        else:
-            _capture_listed(row_ptr, mask_row_ptr, mask_on, lo, fill, pool_x, pool_id, hot_list,
-                            num_hot, scale, cut_s, cut_r, VOCAB, CHUNK, CAP, BLOCK, HAS_BITMASK,
-                            GROUP, HOT_TILE)
-            if num_hot > HOT_TILE:
-                _capture_listed(row_ptr, mask_row_ptr, mask_on, lo, fill, pool_x, pool_id,
-                                hot_list + HOT_TILE, num_hot - HOT_TILE, scale, cut_s, cut_r,
-                                VOCAB, CHUNK, CAP, BLOCK, HAS_BITMASK, GROUP,
-                                HOT_LANES - HOT_TILE)
-    else:
-        for c in tl.static_range(GROUP):
-            for start in range(0, CHUNK, 2 * BLOCK):
-                # A cold lane's column reads as padding: nothing loaded, nothing taken.
-                offs_a = lo + c * CHUNK + start + lanes
-                offs_b = second_tile(offs_a, CHUNK, VOCAB, BLOCK)
-                _, _, raw_a, allowed_a = load_masked(row_ptr, mask_row_ptr, mask_on,
-                                                     tl.where(hot, offs_a, VOCAB), VOCAB,
-                                                     HAS_BITMASK)
-                _, _, raw_b, allowed_b = load_masked(row_ptr, mask_row_ptr, mask_on,
-                                                     tl.where(hot, offs_b, VOCAB), VOCAB,
-                                                     HAS_BITMASK)
-                _capture_cut(pool_x, pool_id, fill, raw_a, allowed_a, offs_a, scale, cut_s,
-                             cut_r, CAP)
-                _capture_cut(pool_x, pool_id, fill, raw_b, allowed_b, offs_b, scale, cut_s,
-                             cut_r, CAP)
-
-
-@triton.jit
-def _capture_listed(row_ptr, mask_row_ptr, mask_on, lo, fill, pool_x, pool_id, hot_list, num,
-                    scale, cut_s, cut_r, VOCAB: tl.constexpr, CHUNK: tl.constexpr,
-                    CAP: tl.constexpr, BLOCK: tl.constexpr, HAS_BITMASK: tl.constexpr,
-                    GROUP: tl.constexpr, SLOTS: tl.constexpr):
-    """`_capture_hot` of the first `num` (<= SLOTS, or more: the rest are left) lanes listed at
-    `hot_list`: each chunk's columns of those lanes in one load."""
-    TILES: tl.constexpr = CHUNK // BLOCK
-    slot = tl.arange(0, SLOTS)
-    listed = slot < num
-    ids = tl.load(hot_list + slot, mask=listed, other=0, cache_modifier=".cg")  # [SLOTS]
-    cols = tl.arange(0, TILES)[:, None] * BLOCK + ids[None, :]  # [TILES, SLOTS]
-    for c in tl.static_range(GROUP):
-        offs = lo + c * CHUNK + cols
-        _, _, raw, allowed = load_masked(row_ptr, mask_row_ptr, mask_on,
-                                         tl.where(listed[None, :], offs, VOCAB), VOCAB,
-                                         HAS_BITMASK)
-        _capture_cut(pool_x, pool_id, fill, raw, allowed, offs, scale, cut_s, cut_r, CAP)
-
-
-@triton.jit
-def _capture_cut(pool_x, pool_id, fill, raw, allowed, offs, scale, cut_s, cut_r,
-                 CAP: tl.constexpr):
-    take = (raw > float("-inf")) & ((allowed & (raw * scale >= cut_s)) | (raw >= cut_r))
-    capture(pool_x, pool_id, fill, raw, allowed, offs, take, CAP)
 
 
 # --------------------------------------------------------------------------- launch 2: records

@@ -10,7 +10,7 @@ Sections, in order (rows = max_num_reqs * M, one per logits row a launch may sam
   replays included, start from 0;
 - pool [rows, 2, pool_size]: the candidates' logit bits and ids (`candidates`);
 - hot [rows, splits, HOT_LANES]: scratch where a scan program lists the lanes it reads again
-  (`kernels._capture_hot`); written before it is read;
+  (`floors.capture_hot`); written before it is read;
 - stats [NUM_STATS]: cumulative counts of rows the slower whole-row paths settled, and of rows
   the split nucleus draw settled;
 - tokens [rows] and arrivals [max_num_reqs]: a request's settled tokens, and how many of its

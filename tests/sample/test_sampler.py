@@ -1058,7 +1058,7 @@ def test_pools_past_one_sort_tile_settle_from_candidates(chunk, programs):
 @pytest.mark.parametrize("top_k", [5, 20, 256])
 def test_hot_lanes_of_every_listing_tile_are_captured(top_k):
     """The capture lists a program's hot lanes and reads them in a tile sized to their number
-    (`kernels._capture_hot`). Here a lane's values rise with its index, so the lanes listed last
+    (`floors.capture_hot`). Here a lane's values rise with its index, so the lanes listed last
     hold the row's largest logits, which every answer below needs: the top-k, top-p and the
     top-K logprobs, all from the pool. A top-k of 5 leaves ~20 lanes hot (its floor is searched
     over maxima of four adjacent lanes), 20 leaves ~80 (the middle tile), 256 a few more than
