@@ -89,7 +89,8 @@ from graphshard.sample.params import SLOT_WIDTH, SlotTables
 from graphshard.sample.records import RecordLayout
 from graphshard.sample.nucleus import (COUNT_BITS, MAX_PROGRAMS, STAT_WORDS, close_pool,
                                        split_nucleus)
-from graphshard.sample.resolve import has_nan, settle_logprobs, settle_token, store_logprobs
+from graphshard.sample.assemble import arrive, assemble_drafts, assemble_record
+from graphshard.sample.resolve import has_nan, settle_logprobs, settle_token
 from graphshard.sample.rows import scan_span, uses_filters
 from graphshard.sample.floors import (capture_above_floors, capture_hot, floor_lanes,
                                       share_floor)
@@ -544,74 +545,14 @@ def _settle_row(row, drawn_before, pool, top, records, draft_ptr, workspace, req
             settle_logprobs(pool, top, rec_ptr, row_ptr, r, token, num_logprobs, VOCAB, M, K,
                             SPLITS, CAP, TILE, BLOCK, SMALL_BLOCK)
     if M == 1:
-        _assemble(rec_ptr, token, has_nan(part, SPLITS), 0, num_logprobs, M, K)
+        assemble_record(rec_ptr, token, has_nan(part, SPLITS), 0, num_logprobs, M, K)
     else:
         # The request's rows settle in parallel; the last to finish verifies the drafts.
         tokens, arrivals = workspace_request(workspace, req, M, SPLITS, CAP)
         tl.store(tokens + r, token)
-        if _arrive(arrivals, m):
-            _assemble_drafts(rec_ptr, tokens, workspace, req, first_row, m, draft_ptr,
-                             num_logprobs, M, K, SPLITS, CAP)
-
-
-@triton.jit
-def _arrive(counter_ptr, count):
-    """Count this program in; True for the last of `count` programs, which then sees every
-    other program's stores (release/acquire at GPU scope) and resets the counter."""
-    tl.debug_barrier()
-    last = tl.atomic_add(counter_ptr, 1, sem="acq_rel", scope="gpu") == count - 1
-    if last:
-        tl.store(counter_ptr, 0)
-    tl.debug_barrier()
-    return last
-
-
-@triton.jit
-def _assemble(rec_ptr, token, num_nans, accepted, num_logprobs, M: tl.constexpr, K: tl.constexpr):
-    """A one-row request's record: its token, 1 sampled, 0 rejected, its NaN count."""
-    tl.store(rec_ptr, token)
-    tl.store(rec_ptr + M, accepted + 1)
-    tl.store(rec_ptr + M + 1, 0)
-    tl.store(rec_ptr + M + 2, num_nans)
-    if K > 0:
-        if num_logprobs == 0:
-            _blank_logprobs(rec_ptr, 0, M, K)
-
-
-@triton.jit
-def _assemble_drafts(rec_ptr, tokens, workspace, req, first_row, m, draft_ptr, num_logprobs,
-                     M: tl.constexpr, K: tl.constexpr, SPLITS: tl.constexpr, CAP: tl.constexpr):
-    """A request's record from its rows' tokens: drafts accepted along the longest matching
-    prefix (the first mismatch is the correction token), tokens past it -1, logprobs blank."""
-    M_P: tl.constexpr = triton.next_power_of_2(M)
-    at = tl.arange(0, M_P)
-    samples = tl.load(tokens + at, mask=at < m, other=-1, cache_modifier=".cg")
-    drafts = tl.full([M_P], -1, tl.int32)
-    if draft_ptr is not None:
-        drafts = tl.load(draft_ptr + first_row + at, mask=at < m - 1, other=-1)
-    reject = (at < m - 1) & (samples != drafts)
-    accepted = tl.min(tl.where(reject, at, m - 1), axis=0)
-    num_nans = 0
-    for r in range(0, M):
-        if r < m:
-            part = workspace_row(workspace, req * M + r, SPLITS, CAP)[0]
-            num_nans += has_nan(part, SPLITS)
-    tl.store(rec_ptr + at, tl.where(at <= accepted, samples, -1), mask=at < M)
-    tl.store(rec_ptr + M, accepted + 1)
-    tl.store(rec_ptr + M + 1, m - 1 - accepted)
-    tl.store(rec_ptr + M + 2, num_nans)
-    if K > 0:
-        for r in range(0, M):
-            # Rows up to `accepted` hold their logprobs (written when the slot wants them).
-            if (r > accepted) | (num_logprobs == 0):
-                _blank_logprobs(rec_ptr, r, M, K)
-
-
-@triton.jit
-def _blank_logprobs(rec_ptr, r, M: tl.constexpr, K: tl.constexpr):
-    empty = tl.full([padded(K)], -1, tl.int32)
-    store_logprobs(rec_ptr, r, empty, empty.to(tl.float32),
-                   tl.full((), float("-inf"), tl.float32), tl.full((), 0, tl.int32), 0, M, K)
+        if arrive(arrivals, m):
+            assemble_drafts(rec_ptr, tokens, workspace, req, first_row, m, draft_ptr,
+                            num_logprobs, M, K, SPLITS, CAP)
 
 
 # --------------------------------------------------------------------------- host side
