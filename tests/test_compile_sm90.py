@@ -111,8 +111,9 @@ def report() -> list[dict]:
             tag = {"vocab": vocab, "dtype": dtype, "M": m, "K": k, "bitmask": bitmask}
             options = sampler.scan_options(bitmask, sampler.SCAN_BLOCK_SIZE)
             rows.append(dict(tag, **_compile(
-                sampler._scan_kernel, common, dict(shared, CHUNK=CHUNK_SIZE, GROUP=1,
-                                                      NUCLEUS_WINNER=programs > 1),
+                sampler._scan_kernel, common,
+                dict(shared, CHUNK=CHUNK_SIZE, GROUP=1,
+                     NUCLEUS_WINNER=sampler.nucleus_winner(finish["PROGRAMS"])),
                 options.pop("num_warps"), tmp, **options)))
             rows.append(dict(tag, **_compile(
                 sampler._finish_kernel, common, dict(shared, SMALL_BLOCK=512, **finish), 8,

@@ -91,7 +91,7 @@ from graphshard.sample.nucleus import (COUNT_BITS, MAX_PROGRAMS, STAT_WORDS, clo
                                        split_nucleus)
 from graphshard.sample.assemble import arrive, assemble_drafts, assemble_record
 from graphshard.sample.resolve import has_nan, settle_logprobs, settle_token
-from graphshard.sample.rows import scan_span, uses_filters
+from graphshard.sample.rows import scan_span, top_p_only, uses_filters
 from graphshard.sample.floors import (capture_above_floors, capture_hot, floor_lanes,
                                       share_floor)
 from graphshard.sample.workspace import (CHUNK_TOP, HOT_LANES, MAX_LOGPROBS, P_ARG_X,
@@ -294,8 +294,7 @@ def _scan_kernel(
         # over the row that finds it there.
         draw = is_random & ~filtered
         if NUCLEUS_WINNER:
-            draw = is_random & (~filtered | ((top_p < 1.0) & ((top_k <= 0) | (top_k >= VOCAB))
-                                             & (min_p <= 0.0)))
+            draw = is_random & (~filtered | top_p_only(top_k, top_p, min_p, VOCAB))
         # The program's chunks: GROUP of them, fewer in a row's last program. Each stores its
         # own results; the capture below runs once for all of them, over their lanes' maxima.
         first = tl.program_id(1) * GROUP
@@ -490,8 +489,7 @@ def _finish_kernel(
             # first program settles any other row alone, and the others leave at once. One call
             # of `_settle_row` for both kinds of row: each call is inlined, and a second copy
             # doubled the kernel's code (instruction fetch is what small batches wait on).
-            nucleus = is_random & (top_p < 1.0) & ((top_k <= 0) | (top_k >= VOCAB)) \
-                & (min_p <= 0.0)
+            nucleus = is_random & top_p_only(top_k, top_p, min_p, VOCAB)
             n_pool = tl.zeros((), tl.int32)
             settles = tl.program_id(1) == 0
             no = tl.program_id(1) < 0

@@ -11,7 +11,8 @@ import triton
 import triton.language as tl
 
 from graphshard.sample.deep import draw_deep_nucleus
-from graphshard.sample.rows import draw_filtered, load_masked, logprob_row, scan_span
+from graphshard.sample.rows import (draw_filtered, load_masked, logprob_row, scan_span,
+                                    top_p_only)
 from graphshard.sample.candidates import (SHORT_POOL, TINY_POOL, count_raw_above, draw_pool,
                                           floor_score, mass_above, search_mass, search_pool,
                                           sorted_thresholds, top_entries, top_raw, unpack_top)
@@ -117,7 +118,7 @@ def settle_token(pool, row, small_k, drawn_before, scratch, VOCAB: tl.constexpr,
         # score every chunk reports (-inf, 0): the winner is token 0.
         winner = combine_max(part, P_MAX_Z, P_ARG_Z, SPLITS)[1]
         token = winner
-        nucleus = (top_p < 1.0) & ((top_k <= 0) | (top_k >= VOCAB)) & (min_p <= 0.0)
+        nucleus = top_p_only(top_k, top_p, min_p, VOCAB)
         max_s = max_x * inv_temp
         if SPLITS == 1:
             # A one-chunk vocabulary is one program's work whatever the path: no pool.

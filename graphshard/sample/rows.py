@@ -36,6 +36,13 @@ def uses_filters(top_k, top_p, min_p, VOCAB: tl.constexpr):
 
 
 @triton.jit
+def top_p_only(top_k, top_p, min_p, VOCAB: tl.constexpr):
+    """Whether top-p is the row's one filter (top-k off or >= VOCAB, min-p off): the rows whose
+    pool the finish may split over its programs and whose nucleus may reach below the pool."""
+    return (top_p < 1.0) & ((top_k <= 0) | (top_k >= VOCAB)) & (min_p <= 0.0)
+
+
+@triton.jit
 def load_masked(row_ptr, mask_row_ptr, mask_on, offs, VOCAB: tl.constexpr, HAS_BITMASK: tl.constexpr):
     """One vocab tile of a row -> (fp32 logits with NaN/padding/disallowed = -inf, NaN flags,
     raw fp32 logits with NaN/padding = -inf, allowed flags)."""
