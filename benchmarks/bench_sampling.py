@@ -9,13 +9,18 @@ Per (shape, mode, batch), on one GPU:
                     (`.cpu()`, as the sort sampler's loops read it): `step_us` is the median
                     time per loop iteration, `issue_us` the median return from step();
                     `step_read_us` the same loop reading every result with `engine.read()`
-                    (the step's own copy to pinned memory); `sampler_gpu_us` is the sampler alone (CUDA events
-                    around a graph of 10 calls, median per call); `slow_paths` counts the rows
-                    that were not settled from their candidates during the timed calls.
+                    (the step's own copy to pinned memory); `step_inplace_us` that loop with
+                    `step(..., logits=None)`, the call of a loop whose model writes its logits
+                    into `engine.inputs.logits` (as the sort graph reads its static input);
+                    `sampler_gpu_us` is the sampler alone (CUDA events around a graph of 10
+                    calls, median per call); `slow_paths` counts the rows that were not settled
+                    from their candidates during the timed calls.
   torch_sort_eager  TorchSortSampler run eagerly, the same loop with the host read.
   torch_sort_graph  the same sampler captured in one CUDA graph, replayed in the loop.
 Writes a list of rows (keys mode, batch, vocab, dtype, path, step_us, ...) to --out and prints
-a table.
+a table. `--compile-only` times nothing: it compiles what the timing needs (the engine's capture
+and the sampler-alone calls) into Triton's cache, so that a run beside other work on a fresh
+machine leaves a later timed run seconds of capture instead of minutes.
 """
 
 from __future__ import annotations
@@ -67,9 +72,10 @@ def sampler_alone(logits, batch, vocab, params, device) -> tuple[float, dict]:
 
 
 def run_shape(vocab: int, dtype: torch.dtype, modes, batches, iters: int, device,
-              save=lambda rows: None) -> list[dict]:
+              save=lambda rows: None, compile_only: bool = False) -> list[dict]:
     """Every (mode, batch) point of one shape; `save(rows)` after each (a call cut short keeps
-    what it measured)."""
+    what it measured). `compile_only`: capture, launch each batch's sampler-alone call once,
+    time nothing."""
     max_batch = max(batches)
     cfg = Config(vocab_size=vocab, max_num_reqs=max_batch, max_num_slots=max_batch,
                  logits_dtype=str(dtype).removeprefix("torch."), buckets=tuple(sorted(batches)),
@@ -85,6 +91,13 @@ def run_shape(vocab: int, dtype: torch.dtype, modes, batches, iters: int, device
     logits = make_logits(max_batch, engine.vocab, dtype, device)
     engine.inputs.logits[:max_batch].copy_(logits)
     rows = []
+    if compile_only:
+        for batch in batches:
+            sampler_call(engine.inputs.logits[:batch], vocab, MODES["greedy"], MAX_LOGPROBS,
+                         device)[0]()
+        torch.cuda.synchronize()
+        engine.close()
+        return rows
     for mode in modes:
         params = MODES[mode]
         for slot in range(max_batch):
@@ -107,13 +120,21 @@ def run_shape(vocab: int, dtype: torch.dtype, modes, batches, iters: int, device
                 engine.step(idx, cu, lens, view)
                 engine.read()
 
+            def gs_inplace():
+                engine.step(idx, cu, lens, None)
+                engine.read()
+
             common = dict(mode=mode, batch=batch, vocab=vocab, dtype=cfg.logits_dtype)
             gpu_us, slow_paths = sampler_alone(view, batch, vocab, params, device)
             n_iters = iters if batch > 32 else max(iters, SMALL_BATCH_ITERS)
             read = loop_us(gs_read, n_iters)
+            inplace = loop_us(gs_inplace, n_iters)
             rows.append(dict(common, path="graphshard", sampler_gpu_us=gpu_us,
                              slow_paths=slow_paths, step_read_us=read["step_us"],
-                             step_read_p90_us=read["step_p90_us"], **loop_us(gs_step, n_iters)))
+                             step_read_p90_us=read["step_p90_us"],
+                             step_inplace_us=inplace["step_us"],
+                             step_inplace_p90_us=inplace["step_p90_us"],
+                             **loop_us(gs_step, n_iters)))
             base = TorchSortSampler(params, logits[:batch, :vocab])
             rows.append(dict(common, path="torch_sort_eager",
                              **loop_us(lambda: _read(base.step()), n_iters)))
@@ -138,6 +159,8 @@ def _line(rows: list[dict]) -> str:
     cells = " ".join(f"{x['path']}={x['step_us']:.0f}" for x in rows)
     if "step_read_us" in r:
         cells += f" graphshard_read={r['step_read_us']:.0f}"
+    if "step_inplace_us" in r:
+        cells += f" graphshard_inplace={r['step_inplace_us']:.0f}"
     gpu = f" sampler_gpu={r['sampler_gpu_us']:.1f} slow_paths={r['slow_paths']}" \
         if "sampler_gpu_us" in r else ""
     return f"{r['vocab']} {r['dtype']} {r['mode']:>24} b={r['batch']:<5} {cells}{gpu}"
@@ -148,18 +171,26 @@ def table(rows: list[dict]) -> str:
     cells = {}
     for r in rows:
         cells.setdefault((r["vocab"], r["dtype"], r["mode"], r["batch"]), {})[r["path"]] = r
-    out = ["| vocab | dtype | mode | batch | graphshard step µs | with read() | sampler GPU µs | "
-           "sort eager µs | sort graph µs | vs eager | vs graph | read() vs graph |",
-           "| --- | --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
+    out = ["| vocab | dtype | mode | batch | graphshard step µs | with read() | in place + read() "
+           "| sampler GPU µs | sort eager µs | sort graph µs | vs eager | vs graph | "
+           "read() vs graph | in place vs graph |",
+           "| --- | --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | "
+           "---: | ---: |"]
     for (vocab, dtype, mode, batch), c in cells.items():
         g, e, h = c["graphshard"], c["torch_sort_eager"], c["torch_sort_graph"]
-        read = g.get("step_read_us")  # absent from files written before read() existed
-        read_cells = (f"{read:.0f}", f"{h['step_us'] / read:.1f}x") if read else ("", "")
+        # Absent from files written before read() and the in-place loop existed.
+        read, inplace = _against(g, "step_read_us", h), _against(g, "step_inplace_us", h)
         out.append(f"| {vocab} | {dtype} | {mode} | {batch} | {g['step_us']:.0f} | "
-                   f"{read_cells[0]} | {g['sampler_gpu_us']:.1f} | {e['step_us']:.0f} | "
+                   f"{read[0]} | {inplace[0]} | {g['sampler_gpu_us']:.1f} | {e['step_us']:.0f} | "
                    f"{h['step_us']:.0f} | {e['step_us'] / g['step_us']:.1f}x | "
-                   f"{h['step_us'] / g['step_us']:.1f}x | {read_cells[1]} |")
+                   f"{h['step_us'] / g['step_us']:.1f}x | {read[1]} | {inplace[1]} |")
     return "\n".join(out)
+
+
+def _against(row: dict, key: str, graph: dict) -> tuple[str, str]:
+    """(µs, the sort graph's µs over it) of one graphshard loop, or blanks where not measured."""
+    us = row.get(key)
+    return (f"{us:.0f}", f"{graph['step_us'] / us:.1f}x") if us else ("", "")
 
 
 def main(argv=None):
@@ -170,6 +201,8 @@ def main(argv=None):
     parser.add_argument("--modes", default=",".join(MODES))
     parser.add_argument("--batches", default=",".join(map(str, BATCHES)))
     parser.add_argument("--iters", type=int, default=30)
+    parser.add_argument("--compile-only", action="store_true",
+                        help="compile what the timing needs into Triton's cache; time nothing")
     args = parser.parse_args(argv)
     device = torch.device("cuda", 0)
     rows = []
@@ -181,8 +214,11 @@ def main(argv=None):
     for spec in args.shapes.split(","):
         vocab, dtype = spec.split(":")
         rows += run_shape(int(vocab), getattr(torch, dtype), args.modes.split(","),
-                          [int(b) for b in args.batches.split(",")], args.iters, device, save)
+                          [int(b) for b in args.batches.split(",")], args.iters, device, save,
+                          args.compile_only)
         torch.cuda.empty_cache()
+    if args.compile_only:
+        return
     save([])
     print(table(rows))
 
