@@ -11,14 +11,15 @@ import triton
 import triton.language as tl
 
 from graphshard.sample.deep import draw_deep_nucleus
-from graphshard.sample.rows import (draw_filtered, load_masked, logprob_row, scan_span,
-                                    top_p_only)
+from graphshard.sample.rows import (draw_filtered, key_to_float, load_masked, logprob_row,
+                                    order_key, scan_span, top_p_only)
 from graphshard.sample.candidates import (SHORT_POOL, TINY_POOL, count_raw_above, draw_pool,
                                           floor_score, mass_above, search_mass, search_pool,
                                           sorted_thresholds, top_entries, top_raw, unpack_top)
 from graphshard.sample.workspace import (P_ARG_X, P_ARG_Z, P_FLOOR_R, P_FLOOR_S, P_MAX_R,
                                           P_MAX_X, P_MAX_Z, P_NAN, P_SUM_R, P_SUM_S, STAT_COUNTS,
-                                          STAT_DEEP, STAT_DRAWS, STAT_LOGPROBS, padded)
+                                          STAT_DEEP, STAT_DRAWS, STAT_LOGPROBS, STAT_POOL_CHECKS,
+                                          padded)
 
 
 @triton.jit
@@ -161,12 +162,22 @@ def settle_token(pool, row, small_k, drawn_before, scratch, VOCAB: tl.constexpr,
                 token = w0
                 v_s = tl.load(row_ptr + _token_index(w0, VOCAB)).to(tl.float32) * inv_temp
                 if ((min_p <= 0.0) | (v_s >= t_m)) & (k_ok | (top_p >= 1.0)):
-                    above, mass, _r = count_row(row_ptr, mask_row_ptr, mask_on, VOCAB, inv_temp,
-                                                v_s, max_s, float("inf"), BLOCK, HAS_BITMASK)
-                    tl.atomic_add(stats + STAT_COUNTS, 1, sem="relaxed")
-                    use_top_k = (top_k > 0) & (top_k < VOCAB)
-                    whole_row = ~((~use_top_k | (above < top_k))
-                                  & ((top_p >= 1.0) | (mass < top_p * norm)))
+                    if nucleus & (n_pool <= CAP) & (v_s > floor_score(floor_x, inv_temp)) \
+                            & (v_s < float("inf")):
+                        # Every score above the winner's was captured, so the pool holds the
+                        # mass above it: one pass over the pool, not over the row.
+                        mass = mass_above(pool_x, pool_id, tl.maximum(n_pool, 0), inv_temp, max_s,
+                                          key_to_float(order_key(v_s) + 1), CAP, TILE)
+                        tl.atomic_add(stats + STAT_POOL_CHECKS, 1, sem="relaxed")
+                        whole_row = ~(mass < top_p * norm)
+                    else:
+                        above, mass, _r = count_row(row_ptr, mask_row_ptr, mask_on, VOCAB,
+                                                    inv_temp, v_s, max_s, float("inf"), BLOCK,
+                                                    HAS_BITMASK)
+                        tl.atomic_add(stats + STAT_COUNTS, 1, sem="relaxed")
+                        use_top_k = (top_k > 0) & (top_k < VOCAB)
+                        whole_row = ~((~use_top_k | (above < top_k))
+                                      & ((top_p >= 1.0) | (mass < top_p * norm)))
             if whole_row & nucleus & (max_s < float("inf")):
                 # A nucleus deeper than the pool whose unfiltered winner it leaves out (one
                 # draw in ten at top-p 0.9; the check above costs a third of this): passes

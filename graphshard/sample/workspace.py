@@ -56,12 +56,15 @@ P_FLOOR_R = tl.constexpr(6)  # tokens with a raw logit below this were not captu
 P_MAX_R = tl.constexpr(7)  # max raw logit
 P_SUM_R = tl.constexpr(8)  # sum exp(raw - chunk max raw)
 P_SUM_S = tl.constexpr(9)  # sum exp(s - chunk max s) over the allowed tokens
-NUM_STATS = tl.constexpr(5)
+NUM_STATS = tl.constexpr(6)
 STAT_DRAWS = tl.constexpr(0)
 STAT_LOGPROBS = tl.constexpr(1)
 STAT_COUNTS = tl.constexpr(2)
 STAT_SPLIT = tl.constexpr(3)  # rows the split nucleus draw settled (not a slower path)
 STAT_DEEP = tl.constexpr(4)  # top-p rows whose nucleus reached below the pool (`deep`)
+# Top-p rows whose nucleus reached below the pool and whose unfiltered winner lay above every
+# floor: the pool's mass above the winner checked it (not a slower path).
+STAT_POOL_CHECKS = tl.constexpr(5)
 # The slower paths `SamplerWorkspace.paths` reports, by stats word.
 STAT_NAMES = {"draw_fallback": STAT_DRAWS.value, "logprobs_fallback": STAT_LOGPROBS.value,
               "counted": STAT_COUNTS.value, "deep": STAT_DEEP.value}
@@ -191,3 +194,9 @@ class SamplerWorkspace:
         """How many top-p rows since allocation were drawn by several programs of the finish
         (`graphshard.sample.nucleus`). Reads the device: for tests and benchmarks."""
         return int(self.stats[STAT_SPLIT.value])
+
+    def pool_checks(self) -> int:
+        """How many top-p rows since allocation had their unfiltered winner checked against the
+        nucleus by the pool's mass above it, in place of a count over the row (`counted`).
+        Reads the device: for tests and benchmarks."""
+        return int(self.stats[STAT_POOL_CHECKS.value])
