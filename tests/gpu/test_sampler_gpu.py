@@ -7,7 +7,7 @@ import torch
 
 from graphshard.sample import kernels as sampler
 from graphshard.sample.params import SamplingParams
-from tests.sample.test_deep import with_seed
+from tests.sample.test_deep import assert_winners_checked, kept_winner_batch, with_seed
 from tests.sample.test_sampler import NO_SLOW_PATHS, ROW_KINDS, adversarial_batch, make_batch, \
     min_p_batch, run_kernel, run_ref, assert_same
 
@@ -106,6 +106,20 @@ def test_deep_nucleus_full_vocabulary(programs):
         assert_same(records, layout, run_ref(b, K=20, vocab_size=V))
     paths = ws.paths()
     assert paths["deep"] == 2 * n and paths["draw_fallback"] == 0, paths
+
+
+@pytest.mark.parametrize("programs", [1, 16])
+def test_kept_winners_of_deep_nuclei_full_vocabulary(programs):
+    """`tests/sample/test_deep.py`'s rows on a GPU, with 20 logprob slots in the layout, twice
+    into one workspace: the winner's check settles every row, over the pool or over the row,
+    equal to the reference."""
+    b = kept_winner_batch(np.random.default_rng(80 + programs), V, PV)
+    ws = sampler.SamplerWorkspace.allocate(8, 1, V, "cuda")
+    for _ in range(2):
+        records, layout = run_kernel(b, K=20, vocab_size=V, block_size=None, workspace=ws,
+                                     finish_programs=programs)
+        assert_same(records, layout, run_ref(b, K=20, vocab_size=V))
+    assert_winners_checked(ws, 16)
 
 
 @pytest.mark.parametrize("name", ["top_k_top_p", "greedy_logprobs_20", "top_p"])

@@ -108,3 +108,37 @@ def test_deep_nucleus_with_bitmask_and_logprobs():
     paths = ws.paths()
     assert paths["deep"] == 2
     assert paths["draw_fallback"] == 0 and paths["logprobs_fallback"] == 0
+
+
+def kept_winner_batch(rs, vocab, padded):
+    """Warm top-p rows over the full vocabulary (nuclei of thousands of tokens, past pools of
+    ~2400) with seeds whose unfiltered winner the nucleus keeps; no logprobs (a sampled token's
+    rank may be counted over the row too)."""
+    b = make_batch(rs, [SamplingParams(temperature=t, top_p=0.9) for t in [1.0, 1.2, 1.5, 1.0] * 2])
+    b.logits = torch.from_numpy(rs.standard_normal((8, padded)).astype(np.float32)) * 3
+    for i in range(8):
+        with_seed(b, i, True, vocab=vocab)
+    return b
+
+
+def assert_winners_checked(ws, rows):
+    """Every row settled by the winner's check (none by the deep draw), over the pool for some
+    rows and over the row for others."""
+    paths = ws.paths()
+    assert paths["deep"] == 0 and paths["draw_fallback"] == 0, paths
+    assert ws.pool_checks() + paths["counted"] == rows, (ws.pool_checks(), paths)
+    assert ws.pool_checks() > 0 and paths["counted"] > 0, (ws.pool_checks(), paths)
+
+
+@pytest.mark.parametrize("programs", [1, 16])
+def test_kept_winners_of_deep_nuclei_full_vocabulary(programs):
+    """At V = 152064 a kept winner of a nucleus deeper than the pool lies above every floor in
+    about two rows of three (checked over the pool) and below in the rest (counted over the
+    row); both equal the reference."""
+    vocab = 152064
+    b = kept_winner_batch(np.random.default_rng(80 + programs), vocab, vocab)
+    ws = sampler.SamplerWorkspace.allocate(8, 1, vocab, DEVICE)
+    records, layout = run_kernel(b, K=0, vocab_size=vocab, block_size=None, workspace=ws,
+                                 finish_programs=programs)
+    assert_same(records, layout, run_ref(b, K=0, vocab_size=vocab))
+    assert_winners_checked(ws, 8)
