@@ -17,8 +17,8 @@ from graphshard.sample.workspace import (P_ARG_X, P_ARG_Z, P_FLOOR_R, P_FLOOR_S,
 
 @triton.jit
 def stream(row_ptr, mask_row_ptr, mask_on, lo, count, part, inv_temp, key, draw, sum_s, sum_r,
-            filtered, CHUNK: tl.constexpr, SPLITS: tl.constexpr, VOCAB: tl.constexpr,
-            BLOCK: tl.constexpr, HAS_BITMASK: tl.constexpr, GROUP: tl.constexpr):
+           filtered, CHUNK: tl.constexpr, SPLITS: tl.constexpr, VOCAB: tl.constexpr,
+           BLOCK: tl.constexpr, HAS_BITMASK: tl.constexpr, GROUP: tl.constexpr):
     """The streaming pass over `count` chunks from `lo` (`stream_chunks`), in one copy per
     combination a row can ask for, so that greedy and unfiltered rows pay for nothing they
     skip: the Gumbel winner only for `draw` rows, each softmax sum only for the rows that use it
@@ -28,46 +28,46 @@ def stream(row_ptr, mask_row_ptr, mask_on, lo, count, part, inv_temp, key, draw,
     span = (row_ptr, mask_row_ptr, mask_on, lo, count, part, inv_temp, key)
     if draw & sum_s:
         lanes = stream_sum_r(span, sum_r, True, True, CHUNK, SPLITS, VOCAB, BLOCK, HAS_BITMASK,
-                              GROUP)
+                             GROUP)
     elif draw:
         lanes = stream_sum_r(span, sum_r, True, False, CHUNK, SPLITS, VOCAB, BLOCK, HAS_BITMASK,
-                              GROUP)
+                             GROUP)
     elif sum_s:
         lanes = stream_sum_r(span, sum_r, False, True, CHUNK, SPLITS, VOCAB, BLOCK, HAS_BITMASK,
-                              GROUP)
+                             GROUP)
     elif sum_r:
         lanes = stream_chunks(span, False, False, True, CHUNK, SPLITS, VOCAB, BLOCK,
-                               HAS_BITMASK, GROUP)
+                              HAS_BITMASK, GROUP)
     elif filtered:
         lanes = stream_chunks(span, False, False, False, CHUNK, SPLITS, VOCAB, BLOCK,
-                               HAS_BITMASK, GROUP)
+                              HAS_BITMASK, GROUP)
     else:
         # A greedy row without logprobs captures nothing: its lanes' maxima are not kept across
         # chunks (no registers held through the next chunk's stream).
         lanes = stream_chunks(span, False, False, False, CHUNK, SPLITS, VOCAB, BLOCK,
-                               HAS_BITMASK, GROUP, False)
+                              HAS_BITMASK, GROUP, False)
     return lanes
 
 
 @triton.jit
 def stream_sum_r(span, sum_r, DRAW: tl.constexpr, SUM_S: tl.constexpr, CHUNK: tl.constexpr,
-                  SPLITS: tl.constexpr, VOCAB: tl.constexpr, BLOCK: tl.constexpr,
-                  HAS_BITMASK: tl.constexpr, GROUP: tl.constexpr):
+                 SPLITS: tl.constexpr, VOCAB: tl.constexpr, BLOCK: tl.constexpr,
+                 HAS_BITMASK: tl.constexpr, GROUP: tl.constexpr):
     """`stream_chunks` with the raw logits' softmax sum only when `sum_r`."""
     if sum_r:
         lanes = stream_chunks(span, DRAW, SUM_S, True, CHUNK, SPLITS, VOCAB, BLOCK, HAS_BITMASK,
-                               GROUP)
+                              GROUP)
     else:
         lanes = stream_chunks(span, DRAW, SUM_S, False, CHUNK, SPLITS, VOCAB, BLOCK,
-                               HAS_BITMASK, GROUP)
+                              HAS_BITMASK, GROUP)
     return lanes
 
 
 @triton.jit
 def stream_chunks(span, DRAW: tl.constexpr, SUM_S: tl.constexpr, SUM_R: tl.constexpr,
-                   CHUNK: tl.constexpr, SPLITS: tl.constexpr, VOCAB: tl.constexpr,
-                   BLOCK: tl.constexpr, HAS_BITMASK: tl.constexpr, GROUP: tl.constexpr,
-                   KEEP_LANES: tl.constexpr = True):
+                  CHUNK: tl.constexpr, SPLITS: tl.constexpr, VOCAB: tl.constexpr,
+                  BLOCK: tl.constexpr, HAS_BITMASK: tl.constexpr, GROUP: tl.constexpr,
+                  KEEP_LANES: tl.constexpr = True):
     """`scan_span` over each of `count` chunks from `lo`, each chunk's results stored into its
     column of the row's partials `part` as a program of its own would store them (the same
     reductions in the same order: a row's results do not depend on how many chunks a program
@@ -80,14 +80,14 @@ def stream_chunks(span, DRAW: tl.constexpr, SUM_S: tl.constexpr, SUM_R: tl.const
         row_ptr, mask_row_ptr, mask_on, lo, inv_temp, key, DRAW, SUM_S, SUM_R, CHUNK, VOCAB,
         BLOCK, HAS_BITMASK)
     store_scan(part, nan, max_x, arg_x, max_z, arg_z, tl.max(lane_r, axis=0), mass_r, mass_s,
-                SPLITS)
+               SPLITS)
     for c in tl.static_range(1, GROUP):
         if c < count:
             nan, max_x, arg_x, max_z, arg_z, chunk_x, chunk_r, mass_s, mass_r = scan_span(
                 row_ptr, mask_row_ptr, mask_on, lo + c * CHUNK, inv_temp, key, DRAW, SUM_S,
                 SUM_R, CHUNK, VOCAB, BLOCK, HAS_BITMASK)
             store_scan(part + c, nan, max_x, arg_x, max_z, arg_z, tl.max(chunk_r, axis=0),
-                        mass_r, mass_s, SPLITS)
+                       mass_r, mass_s, SPLITS)
             if KEEP_LANES:
                 lane_x = tl.maximum(lane_x, chunk_x)
                 if HAS_BITMASK:
