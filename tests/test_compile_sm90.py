@@ -34,6 +34,8 @@ import pytest
 from graphshard.sample.kernels import LEAN_SCAN_REGISTERS
 
 ROOT = Path(__file__).resolve().parents[1]
+# The sampler's arguments a GPU launch specialises on 16-byte alignment (`_compile`).
+ALIGNED = ("logits", "buffers")
 
 
 def _ptxas() -> Path | None:
@@ -43,7 +45,11 @@ def _ptxas() -> Path | None:
     return path if path.exists() else None
 
 
-def _compile(kernel, args: dict, consts: dict, num_warps: int, tmp: str, **options) -> dict:
+def _compile(kernel, args: dict, consts: dict, num_warps: int, tmp: str, aligned=(),
+             **options) -> dict:
+    """`aligned`: arguments (a tuple's every element) that a GPU launch finds divisible by 16,
+    as the sampler's logits pointer and row stride and its buffers are: specialised on it, the
+    kernel loads 16 bytes at a time, and its registers are those a GPU run compiles."""
     import triton
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
@@ -52,7 +58,11 @@ def _compile(kernel, args: dict, consts: dict, num_warps: int, tmp: str, **optio
     consts = {n: v for n, v in consts.items() if n in names}
     # A tuple argument's type is a tuple (or the same NamedTuple) of its elements' types.
     sig = {n: ("constexpr" if n in consts else args[n]) for n in names}
-    ck = triton.compile(ASTSource(fn=kernel, signature=sig, constexprs=consts),
+    at = {n: i for i, n in enumerate(names)}
+    paths = [(at[n], j) if isinstance(args[n], tuple) else (at[n],) for n in aligned
+             for j in range(len(args[n]) if isinstance(args[n], tuple) else 1)]
+    attrs = {path: [["tt.divisibility", 16]] for path in paths}
+    ck = triton.compile(ASTSource(fn=kernel, signature=sig, constexprs=consts, attrs=attrs),
                         target=GPUTarget("cuda", 90, 32), options=dict(num_warps=num_warps, **options))
     ptx = Path(tmp) / f"{kernel.fn.__name__}.ptx"
     ptx.write_text(ck.asm["ptx"])
@@ -110,14 +120,21 @@ def report() -> list[dict]:
                           BLOCK=sampler.SCAN_BLOCK_SIZE)
             tag = {"vocab": vocab, "dtype": dtype, "M": m, "K": k, "bitmask": bitmask}
             options = sampler.scan_options(bitmask, sampler.SCAN_BLOCK_SIZE)
-            rows.append(dict(tag, **_compile(
+            num_warps = options.pop("num_warps")
+            rows.append(dict(tag, group=1, **_compile(
                 sampler._scan_kernel, common,
                 dict(shared, CHUNK=CHUNK_SIZE, GROUP=1,
                      NUCLEUS_WINNER=sampler.nucleus_winner(finish["PROGRAMS"])),
-                options.pop("num_warps"), tmp, **options)))
+                num_warps, tmp, ALIGNED, **options)))
+            if not bitmask:
+                # A large batch's scan: two chunks per program, a logprob row's stream unrolled.
+                rows.append(dict(tag, group=2, **_compile(
+                    sampler._scan_kernel, common,
+                    dict(shared, CHUNK=CHUNK_SIZE, GROUP=2, NUCLEUS_WINNER=False),
+                    num_warps, tmp, ALIGNED, **options)))
             rows.append(dict(tag, **_compile(
                 sampler._finish_kernel, common, dict(shared, SMALL_BLOCK=512, **finish), 8,
-                tmp, **sampler.NO_FMA)))
+                tmp, ALIGNED, **sampler.NO_FMA)))
         plan_args = {n: "*i32" for n in inspect.signature(_plan_kernel.fn).parameters}
         plan_args.update(plan=PlanBuffers(*["*i32"] * len(PlanBuffers._fields)),
                          max_num_reqs="i32", max_num_rows="i32", gather_stride="i32")

@@ -63,7 +63,8 @@ def load_masked(row_ptr, mask_row_ptr, mask_on, offs, VOCAB: tl.constexpr, HAS_B
 @triton.jit
 def scan_chunk(row_ptr, mask_row_ptr, mask_on, lo, SPAN: tl.constexpr, VOCAB: tl.constexpr, inv_temp,
                key, thr_key, min_score, DRAW: tl.constexpr, SUM_S: tl.constexpr,
-               SUM_R: tl.constexpr, BLOCK: tl.constexpr, HAS_BITMASK: tl.constexpr):
+               SUM_R: tl.constexpr, BLOCK: tl.constexpr, HAS_BITMASK: tl.constexpr,
+               UNROLL: tl.constexpr = False):
     """One pass over columns [lo, lo + SPAN) of a row -> (has NaN, max masked logit, its lowest
     id, max Gumbel score, its lowest id, per-lane max masked logit [BLOCK], per-lane max raw
     logit [BLOCK], sum exp(s - max s) over the allowed scores, sum exp(raw - max raw)).
@@ -71,7 +72,9 @@ def scan_chunk(row_ptr, mask_row_ptr, mask_on, lo, SPAN: tl.constexpr, VOCAB: tl
     With DRAW, the Gumbel scores `s + g` of the tokens kept by the thresholds (key of the score
     >= thr_key and score >= min_score); without, the Gumbel result is (-inf, 0). With SUM_S and
     SUM_R, the softmax sums of the scores and of the raw logits, kept per lane relative to the
-    lane's running maximum (one exp per element each); without, 0. Per-lane running results
+    lane's running maximum (one exp per element each); without, 0. UNROLL unrolls a logprob
+    row's stream over the span (a large batch's chunks; the results are the same). Per-lane
+    running results
     keep reductions out of the loop; a lane only
     ever sees increasing ids, so strict `>` keeps the lowest id. A maximum of -inf reports id 0:
     a row without finite scores yields 0, and the (max, lowest id) pairs of disjoint chunks
@@ -85,33 +88,34 @@ def scan_chunk(row_ptr, mask_row_ptr, mask_on, lo, SPAN: tl.constexpr, VOCAB: tl
     best_raw = tl.full([BLOCK], float("-inf"), tl.float32)
     sum_s = tl.zeros([BLOCK], tl.float32)
     sum_r = tl.zeros([BLOCK], tl.float32)
-    # Two tiles per iteration, both loaded before either is used: twice the bytes in flight
-    # per thread without doubling the per-lane state (the running maxima).
-    for start in range(0, SPAN, 2 * BLOCK):
-        offs_a = lo + start + lanes
-        offs_b = second_tile(offs_a, SPAN, VOCAB, BLOCK)
-        xa, nan_a, raw_a, _a = load_masked(row_ptr, mask_row_ptr, mask_on, offs_a, VOCAB,
-                                           HAS_BITMASK)
-        xb, nan_b, raw_b, _b = load_masked(row_ptr, mask_row_ptr, mask_on, offs_b, VOCAB,
-                                           HAS_BITMASK)
-        any_nan = any_nan | nan_a | nan_b
-        sum_s, sum_r = _add_mass(xa, raw_a, best_x, best_raw, sum_s, sum_r, inv_temp, SUM_S,
-                                 SUM_R, HAS_BITMASK)
-        best_x, best_xi, best_z, best_zi, best_raw = _scan_tile(
-            xa, raw_a, offs_a, best_x, best_xi, best_z, best_zi, best_raw, inv_temp, key,
-            thr_key, min_score, DRAW, HAS_BITMASK)
-        sum_s, sum_r = _add_mass(xb, raw_b, best_x, best_raw, sum_s, sum_r, inv_temp, SUM_S,
-                                 SUM_R, HAS_BITMASK)
-        best_x, best_xi, best_z, best_zi, best_raw = _scan_tile(
-            xb, raw_b, offs_b, best_x, best_xi, best_z, best_zi, best_raw, inv_temp, key,
-            thr_key, min_score, DRAW, HAS_BITMASK)
+    state = (any_nan, best_x, best_xi, best_z, best_zi, best_raw, sum_s, sum_r)
+    # A logprob row's stream (the raw logits' sum alone) is unrolled where UNROLL asks (the
+    # chunks of a large batch's scan): ptxas then issues the next tiles' loads while it folds
+    # a tile, where its loop waited on every pair's loads (BENCHMARKS.md, "The logprob
+    # stream unrolled"). The compiler unrolls streams without a sum by itself; the other
+    # streams, unrolled this way, were slower (greedy, top-k) or spilled (top-p's sum).
+    if UNROLL and (not DRAW) and SUM_R and (not SUM_S):
+        for start in tl.static_range(0, SPAN, 2 * BLOCK):
+            state = _scan_pair(row_ptr, mask_row_ptr, mask_on, lo + start + lanes, state, SPAN,
+                               VOCAB, inv_temp, key, thr_key, min_score, DRAW, SUM_S, SUM_R,
+                               BLOCK, HAS_BITMASK)
+    else:
+        for start in range(0, SPAN, 2 * BLOCK):
+            state = _scan_pair(row_ptr, mask_row_ptr, mask_on, lo + start + lanes, state, SPAN,
+                               VOCAB, inv_temp, key, thr_key, min_score, DRAW, SUM_S, SUM_R,
+                               BLOCK, HAS_BITMASK)
+    any_nan, best_x, best_xi, best_z, best_zi, best_raw, sum_s, sum_r = state
     if not HAS_BITMASK:
         best_raw = best_x
     has_nan = tl.max(any_nan.to(tl.int32), axis=0)
     max_x = tl.max(best_x, axis=0)
     arg_x = tl.min(tl.where(best_x == max_x, best_xi, 2147483647), axis=0)
-    max_z = tl.max(best_z, axis=0)
-    arg_z = tl.min(tl.where(best_z == max_z, best_zi, 2147483647), axis=0)
+    # Without DRAW the race's lanes stay (-inf, 0): no block-wide reductions of constants.
+    max_z = tl.full((), float("-inf"), tl.float32)
+    arg_z = tl.zeros((), tl.int32)
+    if DRAW:
+        max_z = tl.max(best_z, axis=0)
+        arg_z = tl.min(tl.where(best_z == max_z, best_zi, 2147483647), axis=0)
     mass_s = tl.zeros((), tl.float32)
     mass_r = tl.zeros((), tl.float32)
     if SUM_S:
@@ -122,14 +126,41 @@ def scan_chunk(row_ptr, mask_row_ptr, mask_on, lo, SPAN: tl.constexpr, VOCAB: tl
 
 
 @triton.jit
+def _scan_pair(row_ptr, mask_row_ptr, mask_on, offs_a, state, SPAN: tl.constexpr,
+               VOCAB: tl.constexpr, inv_temp, key, thr_key, min_score, DRAW: tl.constexpr,
+               SUM_S: tl.constexpr, SUM_R: tl.constexpr, BLOCK: tl.constexpr,
+               HAS_BITMASK: tl.constexpr):
+    """Two tiles of `scan_chunk`, both loaded before either is used: twice the bytes in flight
+    per thread without doubling the per-lane state (the running maxima)."""
+    any_nan, best_x, best_xi, best_z, best_zi, best_raw, sum_s, sum_r = state
+    offs_b = second_tile(offs_a, SPAN, VOCAB, BLOCK)
+    xa, nan_a, raw_a, _a = load_masked(row_ptr, mask_row_ptr, mask_on, offs_a, VOCAB,
+                                       HAS_BITMASK)
+    xb, nan_b, raw_b, _b = load_masked(row_ptr, mask_row_ptr, mask_on, offs_b, VOCAB,
+                                       HAS_BITMASK)
+    any_nan = any_nan | nan_a | nan_b
+    sum_s, sum_r = _add_mass(xa, raw_a, best_x, best_raw, sum_s, sum_r, inv_temp, SUM_S,
+                             SUM_R, HAS_BITMASK)
+    best_x, best_xi, best_z, best_zi, best_raw = _scan_tile(
+        xa, raw_a, offs_a, best_x, best_xi, best_z, best_zi, best_raw, inv_temp, key,
+        thr_key, min_score, DRAW, HAS_BITMASK)
+    sum_s, sum_r = _add_mass(xb, raw_b, best_x, best_raw, sum_s, sum_r, inv_temp, SUM_S,
+                             SUM_R, HAS_BITMASK)
+    best_x, best_xi, best_z, best_zi, best_raw = _scan_tile(
+        xb, raw_b, offs_b, best_x, best_xi, best_z, best_zi, best_raw, inv_temp, key,
+        thr_key, min_score, DRAW, HAS_BITMASK)
+    return any_nan, best_x, best_xi, best_z, best_zi, best_raw, sum_s, sum_r
+
+
+@triton.jit
 def scan_span(row_ptr, mask_row_ptr, mask_on, lo, inv_temp, key, DRAW: tl.constexpr,
               SUM_S: tl.constexpr, SUM_R: tl.constexpr, SPAN: tl.constexpr, VOCAB: tl.constexpr,
-              BLOCK: tl.constexpr, HAS_BITMASK: tl.constexpr):
+              BLOCK: tl.constexpr, HAS_BITMASK: tl.constexpr, UNROLL: tl.constexpr = False):
     """`scan_chunk` over columns [lo, lo + SPAN) with no thresholds: a chunk's streaming pass,
     or with SPAN = VOCAB the whole row's."""
     return scan_chunk(row_ptr, mask_row_ptr, mask_on, lo, SPAN, VOCAB, inv_temp, key,
                       tl.full((), 0, tl.uint32), float("-inf"), DRAW, SUM_S, SUM_R, BLOCK,
-                      HAS_BITMASK)
+                      HAS_BITMASK, UNROLL)
 
 
 @triton.jit
