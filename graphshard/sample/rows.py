@@ -74,11 +74,10 @@ def scan_chunk(row_ptr, mask_row_ptr, mask_on, lo, SPAN: tl.constexpr, VOCAB: tl
     SUM_R, the softmax sums of the scores and of the raw logits, kept per lane relative to the
     lane's running maximum (one exp per element each); without, 0. UNROLL unrolls a logprob
     row's stream over the span (a large batch's chunks; the results are the same). Per-lane
-    running results
-    keep reductions out of the loop; a lane only
-    ever sees increasing ids, so strict `>` keeps the lowest id. A maximum of -inf reports id 0:
-    a row without finite scores yields 0, and the (max, lowest id) pairs of disjoint chunks
-    combine into exactly the whole-row pair."""
+    running results keep reductions out of the loop; a lane only ever sees increasing ids, so
+    strict `>` keeps the lowest id. A maximum of -inf reports id 0: a row without finite scores
+    yields 0, and the (max, lowest id) pairs of disjoint chunks combine into exactly the
+    whole-row pair."""
     lanes = tl.arange(0, BLOCK)
     any_nan = tl.zeros([BLOCK], tl.int1)
     best_x = tl.full([BLOCK], float("-inf"), tl.float32)
