@@ -60,10 +60,11 @@ def _compile(kernel, args: dict, consts: dict, num_warps: int, tmp: str, aligned
     consts = {n: v for n, v in consts.items() if n in names}
     # A tuple argument's type is a tuple (or the same NamedTuple) of its elements' types.
     sig = {n: ("constexpr" if n in consts else args[n]) for n in names}
-    at = {n: i for i, n in enumerate(names)}
-    paths = [(at[n], j) if isinstance(args[n], tuple) else (at[n],) for n in aligned
-             for j in range(len(args[n]) if isinstance(args[n], tuple) else 1)]
-    attrs = {path: [["tt.divisibility", 16]] for path in paths}
+    attrs = {}
+    for i, n in enumerate(names):
+        if n in aligned:
+            paths = [(i, j) for j in range(len(args[n]))] if isinstance(args[n], tuple) else [(i,)]
+            attrs.update({path: [["tt.divisibility", 16]] for path in paths})
     ck = triton.compile(ASTSource(fn=kernel, signature=sig, constexprs=consts, attrs=attrs),
                         target=GPUTarget("cuda", 90, 32), options=dict(num_warps=num_warps, **options))
     ptx = Path(tmp) / f"{kernel.fn.__name__}.ptx"
@@ -123,16 +124,14 @@ def report() -> list[dict]:
             tag = {"vocab": vocab, "dtype": dtype, "M": m, "K": k, "bitmask": bitmask}
             options = sampler.scan_options(bitmask, sampler.SCAN_BLOCK_SIZE)
             num_warps = options.pop("num_warps")
-            rows.append(dict(tag, group=1, **_compile(
-                sampler._scan_kernel, common,
-                dict(shared, CHUNK=CHUNK_SIZE, GROUP=1,
-                     NUCLEUS_WINNER=sampler.nucleus_winner(finish["PROGRAMS"])),
-                num_warps, tmp, ALIGNED, **options)))
-            if not bitmask:
-                # A large batch's scan: two chunks per program, a logprob row's stream unrolled.
-                rows.append(dict(tag, group=2, **_compile(
+            # (chunks per scan program, the finish's programs per row) of this batch; without a
+            # bitmask also a large batch's (two chunks, a logprob row's stream unrolled).
+            groups = [(1, finish["PROGRAMS"])] + ([] if bitmask else [(2, 1)])
+            for group, programs in groups:
+                rows.append(dict(tag, group=group, **_compile(
                     sampler._scan_kernel, common,
-                    dict(shared, CHUNK=CHUNK_SIZE, GROUP=2, NUCLEUS_WINNER=False),
+                    dict(shared, CHUNK=CHUNK_SIZE, GROUP=group,
+                         NUCLEUS_WINNER=sampler.nucleus_winner(programs)),
                     num_warps, tmp, ALIGNED, **options)))
             rows.append(dict(tag, **_compile(
                 sampler._finish_kernel, common, dict(shared, SMALL_BLOCK=512, **finish), 8,
