@@ -43,9 +43,15 @@ THREADS = OPTIONS["num_warps"] * 32
 def _stream_kernel(row_ptr, out_ptr, inv_temp, key, DRAW: tl.constexpr, SUM_S: tl.constexpr,
                    SUM_R: tl.constexpr, CHUNK: tl.constexpr, VOCAB: tl.constexpr,
                    BLOCK: tl.constexpr):
-    nan, max_x, arg_x, max_z, arg_z, lane_x, lane_r, mass_s, mass_r = rows.scan_span(
-        row_ptr, row_ptr, 1, tl.program_id(0) * CHUNK, inv_temp, key, DRAW, SUM_S, SUM_R,
-        CHUNK, VOCAB, BLOCK, False)
+    if SUM_R and not (DRAW or SUM_S):
+        # A logprob row's pass as it runs on a row without NaNs: `rows.sum_chunk`'s first try
+        # (its second, with NaNs cleaned, runs only on a chunk that holds one).
+        nan, max_x, arg_x, max_z, arg_z, lane_x, lane_r, mass_s, mass_r = rows.sum_steps(
+            row_ptr, row_ptr, 1, tl.program_id(0) * CHUNK, CHUNK, VOCAB, BLOCK, False, False)
+    else:
+        nan, max_x, arg_x, max_z, arg_z, lane_x, lane_r, mass_s, mass_r = rows.scan_span(
+            row_ptr, row_ptr, 1, tl.program_id(0) * CHUNK, inv_temp, key, DRAW, SUM_S, SUM_R,
+            CHUNK, VOCAB, BLOCK, False)
     # Every result is stored, so none of the pass is compiled away.
     tl.store(out_ptr, max_x + mass_s + mass_r + max_z)
     tl.store(out_ptr + 1, (arg_x + arg_z + nan).to(tl.float32))

@@ -43,13 +43,16 @@ def top_p_only(top_k, top_p, min_p, VOCAB: tl.constexpr):
 
 
 @triton.jit
-def load_masked(row_ptr, mask_row_ptr, mask_on, offs, VOCAB: tl.constexpr, HAS_BITMASK: tl.constexpr):
+def load_masked(row_ptr, mask_row_ptr, mask_on, offs, VOCAB: tl.constexpr, HAS_BITMASK: tl.constexpr,
+                CLEAN: tl.constexpr = True):
     """One vocab tile of a row -> (fp32 logits with NaN/padding/disallowed = -inf, NaN flags,
-    raw fp32 logits with NaN/padding = -inf, allowed flags)."""
+    raw fp32 logits with NaN/padding = -inf, allowed flags). Without CLEAN, NaNs are left in
+    both (`sum_chunk`'s first try: its sums show them)."""
     valid = offs < VOCAB
     raw = tl.load(row_ptr + offs, mask=valid, other=float("-inf")).to(tl.float32)
     is_nan = raw != raw
-    raw = tl.where(is_nan, float("-inf"), raw)
+    if CLEAN:
+        raw = tl.where(is_nan, float("-inf"), raw)
     x = raw  # padding already reads as -inf: a select by `offs < VOCAB` would change nothing
     allowed = valid
     if HAS_BITMASK:
@@ -63,8 +66,7 @@ def load_masked(row_ptr, mask_row_ptr, mask_on, offs, VOCAB: tl.constexpr, HAS_B
 @triton.jit
 def scan_chunk(row_ptr, mask_row_ptr, mask_on, lo, SPAN: tl.constexpr, VOCAB: tl.constexpr, inv_temp,
                key, thr_key, min_score, DRAW: tl.constexpr, SUM_S: tl.constexpr,
-               SUM_R: tl.constexpr, BLOCK: tl.constexpr, HAS_BITMASK: tl.constexpr,
-               UNROLL: tl.constexpr = False):
+               SUM_R: tl.constexpr, BLOCK: tl.constexpr, HAS_BITMASK: tl.constexpr):
     """One pass over columns [lo, lo + SPAN) of a row -> (has NaN, max masked logit, its lowest
     id, max Gumbel score, its lowest id, per-lane max masked logit [BLOCK], per-lane max raw
     logit [BLOCK], sum exp(s - max s) over the allowed scores, sum exp(raw - max raw)).
@@ -72,8 +74,7 @@ def scan_chunk(row_ptr, mask_row_ptr, mask_on, lo, SPAN: tl.constexpr, VOCAB: tl
     With DRAW, the Gumbel scores `s + g` of the tokens kept by the thresholds (key of the score
     >= thr_key and score >= min_score); without, the Gumbel result is (-inf, 0). With SUM_S and
     SUM_R, the softmax sums of the scores and of the raw logits, kept per lane relative to the
-    lane's running maximum (one exp per element each); without, 0. UNROLL unrolls a logprob
-    row's stream over the span (a large batch's chunks; the results are the same). Per-lane
+    lane's running maximum (one exp per element each); without, 0. Per-lane
     running results keep reductions out of the loop; a lane only ever sees increasing ids, so
     strict `>` keeps the lowest id. A maximum of -inf reports id 0: a row without finite scores
     yields 0, and the (max, lowest id) pairs of disjoint chunks combine into exactly the
@@ -88,21 +89,10 @@ def scan_chunk(row_ptr, mask_row_ptr, mask_on, lo, SPAN: tl.constexpr, VOCAB: tl
     sum_s = tl.zeros([BLOCK], tl.float32)
     sum_r = tl.zeros([BLOCK], tl.float32)
     state = (any_nan, best_x, best_xi, best_z, best_zi, best_raw, sum_s, sum_r)
-    # A logprob row's stream (the raw logits' sum alone) is unrolled where UNROLL asks (the
-    # chunks of a large batch's scan): ptxas then issues the next tiles' loads while it folds
-    # a tile, where its loop waited on every pair's loads (BENCHMARKS.md, "The logprob
-    # stream unrolled"). The compiler unrolls streams without a sum by itself; the other
-    # streams, unrolled this way, were slower (greedy, top-k) or spilled (top-p's sum).
-    if UNROLL and (not DRAW) and SUM_R and (not SUM_S):
-        for start in tl.static_range(0, SPAN, 2 * BLOCK):
-            state = _scan_pair(row_ptr, mask_row_ptr, mask_on, lo + start + lanes, state, SPAN,
-                               VOCAB, inv_temp, key, thr_key, min_score, DRAW, SUM_S, SUM_R,
-                               BLOCK, HAS_BITMASK)
-    else:
-        for start in range(0, SPAN, 2 * BLOCK):
-            state = _scan_pair(row_ptr, mask_row_ptr, mask_on, lo + start + lanes, state, SPAN,
-                               VOCAB, inv_temp, key, thr_key, min_score, DRAW, SUM_S, SUM_R,
-                               BLOCK, HAS_BITMASK)
+    for start in range(0, SPAN, 2 * BLOCK):
+        state = _scan_pair(row_ptr, mask_row_ptr, mask_on, lo + start + lanes, state, SPAN,
+                           VOCAB, inv_temp, key, thr_key, min_score, DRAW, SUM_S, SUM_R, BLOCK,
+                           HAS_BITMASK)
     any_nan, best_x, best_xi, best_z, best_zi, best_raw, sum_s, sum_r = state
     if not HAS_BITMASK:
         best_raw = best_x
@@ -154,12 +144,122 @@ def _scan_pair(row_ptr, mask_row_ptr, mask_on, offs_a, state, SPAN: tl.constexpr
 @triton.jit
 def scan_span(row_ptr, mask_row_ptr, mask_on, lo, inv_temp, key, DRAW: tl.constexpr,
               SUM_S: tl.constexpr, SUM_R: tl.constexpr, SPAN: tl.constexpr, VOCAB: tl.constexpr,
-              BLOCK: tl.constexpr, HAS_BITMASK: tl.constexpr, UNROLL: tl.constexpr = False):
+              BLOCK: tl.constexpr, HAS_BITMASK: tl.constexpr):
     """`scan_chunk` over columns [lo, lo + SPAN) with no thresholds: a chunk's streaming pass,
-    or with SPAN = VOCAB the whole row's."""
-    return scan_chunk(row_ptr, mask_row_ptr, mask_on, lo, SPAN, VOCAB, inv_temp, key,
-                      tl.full((), 0, tl.uint32), float("-inf"), DRAW, SUM_S, SUM_R, BLOCK,
-                      HAS_BITMASK, UNROLL)
+    or with SPAN = VOCAB the whole row's. A pass that keeps the raw logits' sum alone (a
+    logprob row's: no race, no scores' sum; SPAN a multiple of BLOCK) is `sum_chunk`'s, which
+    no other row's pass shares, so its sums need not round as `scan_chunk`'s."""
+    if SUM_R and not (DRAW or SUM_S):
+        res = sum_chunk(row_ptr, mask_row_ptr, mask_on, lo, SPAN, VOCAB, BLOCK, HAS_BITMASK)
+    else:
+        res = scan_chunk(row_ptr, mask_row_ptr, mask_on, lo, SPAN, VOCAB, inv_temp, key,
+                         tl.full((), 0, tl.uint32), float("-inf"), DRAW, SUM_S, SUM_R, BLOCK,
+                         HAS_BITMASK)
+    return res
+
+
+@triton.jit
+def sum_chunk(row_ptr, mask_row_ptr, mask_on, lo, SPAN: tl.constexpr, VOCAB: tl.constexpr,
+              BLOCK: tl.constexpr, HAS_BITMASK: tl.constexpr):
+    """`scan_chunk`'s results for a logprob row's pass (the raw logits' sum, no race) in steps
+    of SUM_STEP tiles loaded at once: each lane's maximum over a step first, then its sum
+    rescaled once per step and one exp and one add per element, where `scan_chunk` rescales at
+    every element (a compare, a select and a multiply more). A NaN is not cleaned per element
+    in the lean variant: it makes its lane's sum NaN, and only then is the span read again with
+    NaNs as -inf."""
+    res = sum_steps(row_ptr, mask_row_ptr, mask_on, lo, SPAN, VOCAB, BLOCK, HAS_BITMASK,
+                     HAS_BITMASK)
+    if not HAS_BITMASK:
+        if res[0] != 0:
+            res = sum_steps(row_ptr, mask_row_ptr, mask_on, lo, SPAN, VOCAB, BLOCK,
+                             HAS_BITMASK, True)
+    return res
+
+
+@triton.jit
+def sum_steps(row_ptr, mask_row_ptr, mask_on, lo, SPAN: tl.constexpr, VOCAB: tl.constexpr,
+               BLOCK: tl.constexpr, HAS_BITMASK: tl.constexpr, CLEAN: tl.constexpr):
+    """`sum_chunk` over steps of tiles [STEP, BLOCK] (a thread holds every tile of its lanes).
+    With CLEAN, NaNs read as -inf and the first result is the NaN flag; without, it is 1 when
+    a lane's sum is NaN (a NaN, or +inf, in the lane), else 0 (no NaN)."""
+    STEP: tl.constexpr = sum_step(SPAN // BLOCK)
+    lanes = tl.arange(0, BLOCK)
+    cells = tl.arange(0, STEP)[:, None] * BLOCK + lanes[None, :]  # [STEP, BLOCK]
+    tiles = tl.broadcast_to(tl.arange(0, STEP)[:, None], (STEP, BLOCK))
+    any_nan = tl.zeros([BLOCK], tl.int32)
+    best_x = tl.full([BLOCK], float("-inf"), tl.float32)
+    best_xi = tl.zeros([BLOCK], tl.int32)
+    best_raw = tl.full([BLOCK], float("-inf"), tl.float32)
+    sum_r = tl.zeros([BLOCK], tl.float32)
+    state = (any_nan, best_x, best_xi, best_raw, sum_r)
+    if CLEAN:
+        for start in range(0, SPAN, STEP * BLOCK):
+            state = _sum_step(row_ptr, mask_row_ptr, mask_on, lo + start, cells, tiles, state,
+                              VOCAB, BLOCK, HAS_BITMASK, CLEAN)
+    else:
+        # Unrolled: ptxas issues the next steps' loads while it folds one, where a loop waits
+        # on every step's loads (BENCHMARKS.md, "The logprob stream unrolled").
+        for start in tl.static_range(0, SPAN, STEP * BLOCK):
+            state = _sum_step(row_ptr, mask_row_ptr, mask_on, lo + start, cells, tiles, state,
+                              VOCAB, BLOCK, HAS_BITMASK, CLEAN)
+    any_nan, best_x, best_xi, best_raw, sum_r = state
+    if not HAS_BITMASK:
+        best_raw = best_x
+    if not CLEAN:
+        any_nan = (sum_r != sum_r).to(tl.int32)
+    max_x = tl.max(best_x, axis=0)
+    arg_x = tl.min(tl.where(best_x == max_x, best_xi, 2147483647), axis=0)
+    no_race = tl.full((), float("-inf"), tl.float32)
+    return tl.max(any_nan, axis=0), max_x, arg_x, no_race, tl.zeros((), tl.int32), best_x, \
+        best_raw, tl.zeros((), tl.float32), _lanes_mass(best_raw, sum_r)
+
+
+@triton.jit
+def _sum_step(row_ptr, mask_row_ptr, mask_on, first, cells, tiles, state, VOCAB: tl.constexpr,
+              BLOCK: tl.constexpr, HAS_BITMASK: tl.constexpr, CLEAN: tl.constexpr):
+    """One step of `sum_steps`: the tiles [STEP, BLOCK] from column `first` folded into the
+    per-lane (NaN flag, maximum, its lowest column, raw maximum, sum)."""
+    any_nan, best_x, best_xi, best_raw, sum_r = state
+    x, is_nan, raw, _ = load_masked(row_ptr, mask_row_ptr, mask_on, first + cells, VOCAB,
+                                    HAS_BITMASK, CLEAN)
+    if CLEAN:
+        any_nan = any_nan | tl.max(is_nan.to(tl.int32), axis=0)
+    # Each lane's step maximum and its first tile: strict `>` over the tiles in order (a
+    # thread holds all of them), where `tl.max`'s return_indices also orders indices and NaNs.
+    step_x, tile = tl.reduce((x, tiles), 0, _later_if_greater)
+    better = step_x > best_x
+    new_x = tl.where(better, step_x, best_x)
+    best_xi = tl.where(better, first + tile * BLOCK + tl.arange(0, BLOCK), best_xi)
+    new_raw = new_x
+    if HAS_BITMASK:
+        new_raw = tl.maximum(best_raw, tl.max(raw, axis=0))
+    ref = _floor_max(new_raw)
+    sum_r = sum_r * exp_neg(ref - _floor_max(best_raw)) + tl.sum(exp_neg(ref[None, :] - raw),
+                                                                axis=0)
+    return any_nan, new_x, best_xi, new_raw, sum_r
+
+
+@triton.jit
+def _later_if_greater(a, ia, b, ib):
+    later = b > a
+    return tl.where(later, b, a), tl.where(later, ib, ia)
+
+
+@triton.jit
+def _floor_max(lane_max):
+    """A lane's reference for its sum: its maximum, no lower than -FLT_MAX. A lane of only -inf
+    then sums exp(-inf) = 0, where -inf - -inf would be NaN."""
+    return tl.maximum(lane_max, -3.4028234663852886e38)
+
+
+# Tiles a logprob row's pass loads at once (`sum_chunk`): a lane's sum is rescaled once per
+# step. Two and four timed the same on an H200 (BENCHMARKS.md); four is less code.
+SUM_STEP = 4
+
+
+@triton.constexpr_function
+def sum_step(tiles):
+    return min(SUM_STEP, tiles)
 
 
 @triton.jit

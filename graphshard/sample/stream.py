@@ -73,20 +73,19 @@ def stream_chunks(span, DRAW: tl.constexpr, SUM_S: tl.constexpr, SUM_R: tl.const
     reductions in the same order: a row's results do not depend on how many chunks a program
     streams) -> the per-lane maxima over all of them (masked, raw) [BLOCK]; without
     KEEP_LANES, over the last chunk only. A row's last program may have fewer than GROUP chunks:
-    it skips those past `count`. Programs of several chunks (a large batch) unroll a logprob
-    row's stream (`rows.scan_chunk`). `span`: (row_ptr, mask_row_ptr, mask_on, lo, count, part,
+    it skips those past `count`. `span`: (row_ptr, mask_row_ptr, mask_on, lo, count, part,
     inv_temp, key)."""
     row_ptr, mask_row_ptr, mask_on, lo, count, part, inv_temp, key = span
     nan, max_x, arg_x, max_z, arg_z, lane_x, lane_r, mass_s, mass_r = scan_span(
         row_ptr, mask_row_ptr, mask_on, lo, inv_temp, key, DRAW, SUM_S, SUM_R, CHUNK, VOCAB,
-        BLOCK, HAS_BITMASK, GROUP > 1)
+        BLOCK, HAS_BITMASK)
     store_scan(part, nan, max_x, arg_x, max_z, arg_z, tl.max(lane_r, axis=0), mass_r, mass_s,
                SPLITS)
     for c in tl.static_range(1, GROUP):
         if c < count:
             nan, max_x, arg_x, max_z, arg_z, chunk_x, chunk_r, mass_s, mass_r = scan_span(
                 row_ptr, mask_row_ptr, mask_on, lo + c * CHUNK, inv_temp, key, DRAW, SUM_S,
-                SUM_R, CHUNK, VOCAB, BLOCK, HAS_BITMASK, GROUP > 1)
+                SUM_R, CHUNK, VOCAB, BLOCK, HAS_BITMASK)
             store_scan(part + c, nan, max_x, arg_x, max_z, arg_z, tl.max(chunk_r, axis=0),
                        mass_r, mass_s, SPLITS)
             if KEEP_LANES:

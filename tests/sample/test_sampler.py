@@ -1078,3 +1078,21 @@ def test_hot_lanes_of_every_listing_tile_are_captured(top_k):
     b.logits = torch.from_numpy(np.stack(rows).astype(np.float32))
     paths = run_adversarial(b, vocab=vocab, chunk=chunk, block=block)
     assert paths == NO_SLOW_PATHS
+
+
+def test_logprob_passes_read_chunks_with_nans_again():
+    # A logprob row's pass (`rows.sum_chunk`: greedy rows, and top-k rows without top-p) leaves
+    # NaNs in on its first try and reads a chunk again when one reached its sums: NaN counts,
+    # tokens and logprobs still match the reference, for a few NaNs, an all-NaN row and rows
+    # without a finite logit.
+    rs = np.random.default_rng(7)
+    kinds = ("some_nan", "nan_row", "all_neg_inf", "single_finite", "peaked")
+    rows, params = [], []
+    for kind in kinds:
+        rows += [adversarial_row(rs, kind)[0] for _ in range(2)]
+        params += [SamplingParams(temperature=0.0, num_logprobs=3),
+                   SamplingParams(temperature=0.8, top_k=50, seed=int(rs.integers(0, 2**63)),
+                                  num_logprobs=3)]
+    b = make_batch(rs, params)
+    b.logits = torch.from_numpy(np.stack(rows))
+    run_adversarial(b)
