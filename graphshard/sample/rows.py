@@ -147,9 +147,13 @@ def scan_span(row_ptr, mask_row_ptr, mask_on, lo, inv_temp, key, DRAW: tl.conste
               BLOCK: tl.constexpr, HAS_BITMASK: tl.constexpr):
     """`scan_chunk` over columns [lo, lo + SPAN) with no thresholds: a chunk's streaming pass,
     or with SPAN = VOCAB the whole row's. A pass that keeps the raw logits' sum alone (a
-    logprob row's: no race, no scores' sum; SPAN a multiple of BLOCK) is `sum_chunk`'s, which
-    no other row's pass shares, so its sums need not round as `scan_chunk`'s."""
-    if SUM_R and not (DRAW or SUM_S):
+    logprob row's: no race, no scores' sum; SPAN a multiple of BLOCK) in the lean variant
+    (no bitmask support) is `sum_chunk`'s, which no other row's pass shares, so its sums need
+    not round as `scan_chunk`'s. The variant with bitmask support keeps `scan_chunk` for it:
+    `sum_chunk` there took 184 registers instead of 103 (one program per SM instead of two),
+    so in a step with a bitmask a logprob row's sum may differ in its last bits, which only the
+    reported logprobs can show (no token depends on it)."""
+    if SUM_R and not (DRAW or SUM_S or HAS_BITMASK):
         res = sum_chunk(row_ptr, mask_row_ptr, mask_on, lo, SPAN, VOCAB, BLOCK, HAS_BITMASK)
     else:
         res = scan_chunk(row_ptr, mask_row_ptr, mask_on, lo, SPAN, VOCAB, inv_temp, key,
