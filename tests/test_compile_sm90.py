@@ -6,8 +6,8 @@ rejects (a name rebound to another type, a non-constexpr global) and says nothin
 registers. This test compiles the kernels the way a GPU run would (the sampler's logits and
 buffers specialised on 16-byte alignment), in a child process without TRITON_INTERPRET (the
 interpreter replaces `@triton.jit` at import), and checks with the ptxas Triton ships that the
-streaming scan never spills, with one chunk per program and with two (a large batch's, whose
-logprob stream is unrolled), and that its variant without bitmask support fits the launcher's
+streaming scan never spills, with one chunk per program and with two (a large batch's; a
+logprob row's pass, `rows.sum_chunk`, is unrolled in both), and that its variant without bitmask support fits the launcher's
 register cap (four programs of 8 warps per SM) with the launcher's options.
 
 A faster check runs first: every kernel's cache key, which a GPU launch computes before it
@@ -125,7 +125,7 @@ def report() -> list[dict]:
             options = sampler.scan_options(bitmask, sampler.SCAN_BLOCK_SIZE)
             num_warps = options.pop("num_warps")
             # (chunks per scan program, the finish's programs per row) of this batch; without a
-            # bitmask also a large batch's (two chunks, a logprob row's stream unrolled).
+            # bitmask also a large batch's (two chunks per program).
             groups = [(1, finish["PROGRAMS"])] + ([] if bitmask else [(2, 1)])
             for group, programs in groups:
                 rows.append(dict(tag, group=group, **_compile(
