@@ -47,7 +47,7 @@ def _stream_kernel(row_ptr, out_ptr, inv_temp, key, DRAW: tl.constexpr, SUM_S: t
         # A logprob row's pass as it runs on a row without NaNs: `rows.sum_chunk`'s first try
         # (its second, with NaNs cleaned, runs only on a chunk that holds one).
         nan, max_x, arg_x, max_z, arg_z, lane_x, lane_r, mass_s, mass_r = rows.sum_steps(
-            row_ptr, row_ptr, 1, tl.program_id(0) * CHUNK, CHUNK, VOCAB, BLOCK, False, False)
+            row_ptr, tl.program_id(0) * CHUNK, CHUNK, VOCAB, BLOCK, False)
     else:
         nan, max_x, arg_x, max_z, arg_z, lane_x, lane_r, mass_s, mass_r = rows.scan_span(
             row_ptr, row_ptr, 1, tl.program_id(0) * CHUNK, inv_temp, key, DRAW, SUM_S, SUM_R,

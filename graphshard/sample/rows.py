@@ -154,7 +154,7 @@ def scan_span(row_ptr, mask_row_ptr, mask_on, lo, inv_temp, key, DRAW: tl.conste
     so in a step with a bitmask a logprob row's sum may differ in its last bits, which only the
     reported logprobs can show (no token depends on it)."""
     if SUM_R and not (DRAW or SUM_S or HAS_BITMASK):
-        res = sum_chunk(row_ptr, mask_row_ptr, mask_on, lo, SPAN, VOCAB, BLOCK, HAS_BITMASK)
+        res = sum_chunk(row_ptr, lo, SPAN, VOCAB, BLOCK)
     else:
         res = scan_chunk(row_ptr, mask_row_ptr, mask_on, lo, SPAN, VOCAB, inv_temp, key,
                          tl.full((), 0, tl.uint32), float("-inf"), DRAW, SUM_S, SUM_R, BLOCK,
@@ -163,69 +163,59 @@ def scan_span(row_ptr, mask_row_ptr, mask_on, lo, inv_temp, key, DRAW: tl.conste
 
 
 @triton.jit
-def sum_chunk(row_ptr, mask_row_ptr, mask_on, lo, SPAN: tl.constexpr, VOCAB: tl.constexpr,
-              BLOCK: tl.constexpr, HAS_BITMASK: tl.constexpr):
-    """`scan_chunk`'s results for a logprob row's pass (the raw logits' sum, no race) in steps
-    of SUM_STEP tiles loaded at once: each lane's maximum over a step first, then its sum
-    rescaled once per step and one exp and one add per element, where `scan_chunk` rescales at
-    every element (a compare, a select and a multiply more). A NaN is not cleaned per element
-    in the lean variant: it makes its lane's sum NaN, and only then is the span read again with
-    NaNs as -inf."""
-    res = sum_steps(row_ptr, mask_row_ptr, mask_on, lo, SPAN, VOCAB, BLOCK, HAS_BITMASK,
-                     HAS_BITMASK)
-    if not HAS_BITMASK:
-        if res[0] != 0:
-            res = sum_steps(row_ptr, mask_row_ptr, mask_on, lo, SPAN, VOCAB, BLOCK,
-                             HAS_BITMASK, True)
+def sum_chunk(row_ptr, lo, SPAN: tl.constexpr, VOCAB: tl.constexpr, BLOCK: tl.constexpr):
+    """`scan_chunk`'s results for a logprob row's pass in the lean variant (the raw logits' sum,
+    no race, no bitmask) in steps of SUM_STEP tiles loaded at once: each lane's maximum over a
+    step first, then its sum rescaled once per step and one exp and one add per element, where
+    `scan_chunk` rescales at every element (a compare, a select and a multiply more). NaNs are
+    not cleaned per element: a NaN makes its lane's sum NaN, and only then is the span read
+    again with NaNs as -inf."""
+    res = sum_steps(row_ptr, lo, SPAN, VOCAB, BLOCK, False)
+    if res[0] != 0:
+        res = sum_steps(row_ptr, lo, SPAN, VOCAB, BLOCK, True)
     return res
 
 
 @triton.jit
-def sum_steps(row_ptr, mask_row_ptr, mask_on, lo, SPAN: tl.constexpr, VOCAB: tl.constexpr,
-               BLOCK: tl.constexpr, HAS_BITMASK: tl.constexpr, CLEAN: tl.constexpr):
+def sum_steps(row_ptr, lo, SPAN: tl.constexpr, VOCAB: tl.constexpr, BLOCK: tl.constexpr,
+              CLEAN: tl.constexpr):
     """`sum_chunk` over steps of tiles [STEP, BLOCK] (a thread holds every tile of its lanes).
     With CLEAN, NaNs read as -inf and the first result is the NaN flag; without, it is 1 when
     a lane's sum is NaN (a NaN, or +inf, in the lane), else 0 (no NaN)."""
     STEP: tl.constexpr = sum_step(SPAN // BLOCK)
-    lanes = tl.arange(0, BLOCK)
-    cells = tl.arange(0, STEP)[:, None] * BLOCK + lanes[None, :]  # [STEP, BLOCK]
+    cells = tl.arange(0, STEP)[:, None] * BLOCK + tl.arange(0, BLOCK)[None, :]  # [STEP, BLOCK]
     tiles = tl.broadcast_to(tl.arange(0, STEP)[:, None], (STEP, BLOCK))
     any_nan = tl.zeros([BLOCK], tl.int32)
     best_x = tl.full([BLOCK], float("-inf"), tl.float32)
     best_xi = tl.zeros([BLOCK], tl.int32)
-    best_raw = tl.full([BLOCK], float("-inf"), tl.float32)
     sum_r = tl.zeros([BLOCK], tl.float32)
-    state = (any_nan, best_x, best_xi, best_raw, sum_r)
+    state = (any_nan, best_x, best_xi, sum_r)
     if CLEAN:
         for start in range(0, SPAN, STEP * BLOCK):
-            state = _sum_step(row_ptr, mask_row_ptr, mask_on, lo + start, cells, tiles, state,
-                              VOCAB, BLOCK, HAS_BITMASK, CLEAN)
+            state = _sum_step(row_ptr, lo + start, cells, tiles, state, VOCAB, BLOCK, CLEAN)
     else:
         # Unrolled: ptxas issues the next steps' loads while it folds one, where a loop waits
         # on every step's loads (BENCHMARKS.md, "The logprob stream unrolled").
         for start in tl.static_range(0, SPAN, STEP * BLOCK):
-            state = _sum_step(row_ptr, mask_row_ptr, mask_on, lo + start, cells, tiles, state,
-                              VOCAB, BLOCK, HAS_BITMASK, CLEAN)
-    any_nan, best_x, best_xi, best_raw, sum_r = state
-    if not HAS_BITMASK:
-        best_raw = best_x
+            state = _sum_step(row_ptr, lo + start, cells, tiles, state, VOCAB, BLOCK, CLEAN)
+    any_nan, best_x, best_xi, sum_r = state
     if not CLEAN:
         any_nan = (sum_r != sum_r).to(tl.int32)
     max_x = tl.max(best_x, axis=0)
     arg_x = tl.min(tl.where(best_x == max_x, best_xi, 2147483647), axis=0)
     no_race = tl.full((), float("-inf"), tl.float32)
+    # Every token is allowed: the raw maxima are the masked ones.
     return tl.max(any_nan, axis=0), max_x, arg_x, no_race, tl.zeros((), tl.int32), best_x, \
-        best_raw, tl.zeros((), tl.float32), _lanes_mass(best_raw, sum_r)
+        best_x, tl.zeros((), tl.float32), _lanes_mass(best_x, sum_r)
 
 
 @triton.jit
-def _sum_step(row_ptr, mask_row_ptr, mask_on, first, cells, tiles, state, VOCAB: tl.constexpr,
-              BLOCK: tl.constexpr, HAS_BITMASK: tl.constexpr, CLEAN: tl.constexpr):
+def _sum_step(row_ptr, first, cells, tiles, state, VOCAB: tl.constexpr, BLOCK: tl.constexpr,
+              CLEAN: tl.constexpr):
     """One step of `sum_steps`: the tiles [STEP, BLOCK] from column `first` folded into the
-    per-lane (NaN flag, maximum, its lowest column, raw maximum, sum)."""
-    any_nan, best_x, best_xi, best_raw, sum_r = state
-    x, is_nan, raw, _ = load_masked(row_ptr, mask_row_ptr, mask_on, first + cells, VOCAB,
-                                    HAS_BITMASK, CLEAN)
+    per-lane (NaN flag, maximum, its lowest column, sum)."""
+    any_nan, best_x, best_xi, sum_r = state
+    x, is_nan, _, _ = load_masked(row_ptr, row_ptr, False, first + cells, VOCAB, False, CLEAN)
     if CLEAN:
         any_nan = any_nan | tl.max(is_nan.to(tl.int32), axis=0)
     # Each lane's step maximum and its first tile: strict `>` over the tiles in order (a
@@ -234,13 +224,9 @@ def _sum_step(row_ptr, mask_row_ptr, mask_on, first, cells, tiles, state, VOCAB:
     better = step_x > best_x
     new_x = tl.where(better, step_x, best_x)
     best_xi = tl.where(better, first + tile * BLOCK + tl.arange(0, BLOCK), best_xi)
-    new_raw = new_x
-    if HAS_BITMASK:
-        new_raw = tl.maximum(best_raw, tl.max(raw, axis=0))
-    ref = _floor_max(new_raw)
-    sum_r = sum_r * exp_neg(ref - _floor_max(best_raw)) + tl.sum(exp_neg(ref[None, :] - raw),
-                                                                axis=0)
-    return any_nan, new_x, best_xi, new_raw, sum_r
+    ref = _floor_max(new_x)
+    sum_r = sum_r * exp_neg(ref - _floor_max(best_x)) + tl.sum(exp_neg(ref[None, :] - x), axis=0)
+    return any_nan, new_x, best_xi, sum_r
 
 
 @triton.jit
