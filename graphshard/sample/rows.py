@@ -2,7 +2,8 @@
 
 `graphshard.sample.kernels` holds the contract and the two kernels that call these: a split pass
 (`scan_chunk` over one chunk per program) and a per-request pass (threshold searches, filtered
-draws and logprobs over whole rows). Every function computes in fp32 and treats NaN as -inf.
+draws and logprobs over whole rows). Every function computes in fp32 and treats NaN as -inf
+(`sum_chunk` by reading a chunk that holds one again).
 """
 
 from __future__ import annotations
@@ -147,13 +148,15 @@ def scan_span(row_ptr, mask_row_ptr, mask_on, lo, inv_temp, key, DRAW: tl.conste
               BLOCK: tl.constexpr, HAS_BITMASK: tl.constexpr):
     """`scan_chunk` over columns [lo, lo + SPAN) with no thresholds: a chunk's streaming pass,
     or with SPAN = VOCAB the whole row's. A pass that keeps the raw logits' sum alone (a
-    logprob row's: no race, no scores' sum; SPAN a multiple of BLOCK) in the lean variant
-    (no bitmask support) is `sum_chunk`'s, which no other row's pass shares, so its sums need
-    not round as `scan_chunk`'s. The variant with bitmask support keeps `scan_chunk` for it:
-    `sum_chunk` there took 184 registers instead of 103 (one program per SM instead of two),
-    so in a step with a bitmask a logprob row's sum may differ in its last bits, which only the
-    reported logprobs can show (no token depends on it)."""
-    if SUM_R and not (DRAW or SUM_S or HAS_BITMASK):
+    logprob row's: no race, no scores' sum) over fp32 logits in the lean variant (no bitmask
+    support) is `sum_chunk`'s, which no other row's pass shares, so its sums need not round as
+    `scan_chunk`'s. The variant with bitmask support keeps `scan_chunk` for it: `sum_chunk`
+    there took 184 registers instead of 103 (one program per SM instead of two), so in a step
+    with a bitmask a logprob row's sum may differ in its last bits, which only the reported
+    logprobs can show (no token depends on it). So do 16-bit logits: a thread holds 8 of their
+    lanes, a step's tiles then lie in two warps, and the step's maxima took block-wide
+    reductions (not timed)."""
+    if SUM_R and not (DRAW or SUM_S or HAS_BITMASK) and (row_ptr.dtype.element_ty == tl.float32):
         res = sum_chunk(row_ptr, lo, SPAN, VOCAB, BLOCK)
     else:
         res = scan_chunk(row_ptr, mask_row_ptr, mask_on, lo, SPAN, VOCAB, inv_temp, key,
@@ -179,10 +182,11 @@ def sum_chunk(row_ptr, lo, SPAN: tl.constexpr, VOCAB: tl.constexpr, BLOCK: tl.co
 @triton.jit
 def sum_steps(row_ptr, lo, SPAN: tl.constexpr, VOCAB: tl.constexpr, BLOCK: tl.constexpr,
               CLEAN: tl.constexpr):
-    """`sum_chunk` over steps of tiles [STEP, BLOCK] (a thread holds every tile of its lanes).
-    With CLEAN, NaNs read as -inf and the first result is the NaN flag; without, it is 1 when
+    """`sum_chunk` over steps of tiles [STEP, BLOCK] (SPAN a multiple of STEP * BLOCK). With
+    CLEAN, NaNs read as -inf and the first result is the NaN flag; without, it is 1 when
     a lane's sum is NaN (a NaN, or +inf, in the lane), else 0 (no NaN)."""
     STEP: tl.constexpr = sum_step(SPAN // BLOCK)
+    tl.static_assert(SPAN % (STEP * BLOCK) == 0, "a span of whole steps of tiles")
     cells = tl.arange(0, STEP)[:, None] * BLOCK + tl.arange(0, BLOCK)[None, :]  # [STEP, BLOCK]
     tiles = tl.broadcast_to(tl.arange(0, STEP)[:, None], (STEP, BLOCK))
     any_nan = tl.zeros([BLOCK], tl.int32)
@@ -195,7 +199,8 @@ def sum_steps(row_ptr, lo, SPAN: tl.constexpr, VOCAB: tl.constexpr, BLOCK: tl.co
             state = _sum_step(row_ptr, lo + start, cells, tiles, state, VOCAB, BLOCK, CLEAN)
     else:
         # Unrolled: ptxas issues the next steps' loads while it folds one, where a loop waits
-        # on every step's loads (BENCHMARKS.md, "The logprob stream unrolled").
+        # on every step's loads (BENCHMARKS.md, "A logprob row's pass in steps of four
+        # tiles": as a loop the pass was 9% slower than the one it replaced).
         for start in tl.static_range(0, SPAN, STEP * BLOCK):
             state = _sum_step(row_ptr, lo + start, cells, tiles, state, VOCAB, BLOCK, CLEAN)
     any_nan, best_x, best_xi, sum_r = state
@@ -218,21 +223,17 @@ def _sum_step(row_ptr, first, cells, tiles, state, VOCAB: tl.constexpr, BLOCK: t
     x, is_nan, _, _ = load_masked(row_ptr, row_ptr, False, first + cells, VOCAB, False, CLEAN)
     if CLEAN:
         any_nan = any_nan | tl.max(is_nan.to(tl.int32), axis=0)
-    # Each lane's step maximum and its first tile: strict `>` over the tiles in order (a
-    # thread holds all of them), where `tl.max`'s return_indices also orders indices and NaNs.
-    step_x, tile = tl.reduce((x, tiles), 0, _later_if_greater)
+    # Each lane's step maximum and the lowest tile holding it, as a maximum and a minimum:
+    # whatever order the reduction combines the tiles in (a thread holds all of a lane's fp32
+    # tiles at BLOCK = 1024, but not at every tile size), ties go to the lowest column.
+    step_x = tl.max(x, axis=0)
+    tile = tl.min(tl.where(x == step_x[None, :], tiles, tiles.shape[0]), axis=0)
     better = step_x > best_x
     new_x = tl.where(better, step_x, best_x)
     best_xi = tl.where(better, first + tile * BLOCK + tl.arange(0, BLOCK), best_xi)
     ref = _floor_max(new_x)
     sum_r = sum_r * exp_neg(ref - _floor_max(best_x)) + tl.sum(exp_neg(ref[None, :] - x), axis=0)
     return any_nan, new_x, best_xi, sum_r
-
-
-@triton.jit
-def _later_if_greater(a, ia, b, ib):
-    later = b > a
-    return tl.where(later, b, a), tl.where(later, ib, ia)
 
 
 @triton.jit
@@ -243,7 +244,8 @@ def _floor_max(lane_max):
 
 
 # Tiles a logprob row's pass loads at once (`sum_chunk`): a lane's sum is rescaled once per
-# step. Two and four timed the same on an H200 (BENCHMARKS.md); four is less code.
+# step. Two and four timed the same on an H200, in a version that took every sum in steps
+# (`benchmarks/results/h200_sum_steps/`, call 2); four is less code.
 SUM_STEP = 4
 
 

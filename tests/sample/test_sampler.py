@@ -1080,13 +1080,17 @@ def test_hot_lanes_of_every_listing_tile_are_captured(top_k):
     assert paths == NO_SLOW_PATHS
 
 
-def test_logprob_passes_read_chunks_with_nans_again():
-    # A logprob row's pass (`rows.sum_chunk`: greedy rows, and top-k rows without top-p) leaves
-    # NaNs in on its first try and reads a chunk again when one reached its sums: NaN counts,
-    # tokens and logprobs still match the reference, for a few NaNs, an all-NaN row and rows
-    # without a finite logit.
+@pytest.mark.parametrize("block", [32, 128])
+def test_logprob_passes_read_chunks_with_nans_again(block):
+    # A logprob row's pass (`rows.sum_chunk`: greedy rows, and top-k rows without top-p) folds
+    # a chunk in steps of tiles (four steps of four tiles per 512-column chunk at block 32, one
+    # at 128), leaves NaNs in on its first try and reads a chunk again when one reached its
+    # sums. NaN counts, tokens (ties to the lowest id) and logprobs match the reference for a
+    # few NaNs, an all-NaN row, rows without a finite logit, equal rows and ties, and streaming
+    # one or two chunks per program gives the same records.
     rs = np.random.default_rng(7)
-    kinds = ("some_nan", "nan_row", "all_neg_inf", "single_finite", "peaked")
+    kinds = ("some_nan", "nan_row", "all_neg_inf", "single_finite", "peaked", "equal",
+             "ties_at_threshold")
     rows, params = [], []
     for kind in kinds:
         rows += [adversarial_row(rs, kind)[0] for _ in range(2)]
@@ -1095,4 +1099,7 @@ def test_logprob_passes_read_chunks_with_nans_again():
                                   num_logprobs=3)]
     b = make_batch(rs, params)
     b.logits = torch.from_numpy(np.stack(rows))
-    run_adversarial(b)
+    runs = [run_kernel(b, K=3, vocab_size=AV, block_size=block, chunk_size=A_CHUNK,
+                       splits_per_program=group)[0] for group in (1, 2)]
+    assert torch.equal(runs[0], runs[1])
+    assert_same(runs[0], RecordLayout(1, 3), run_ref(b, K=3, vocab_size=AV))
