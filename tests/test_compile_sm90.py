@@ -7,8 +7,9 @@ registers. This test compiles the kernels the way a GPU run would (the sampler's
 buffers specialised on 16-byte alignment), in a child process without TRITON_INTERPRET (the
 interpreter replaces `@triton.jit` at import), and checks with the ptxas Triton ships that the
 streaming scan never spills, with one chunk per program and with two (a large batch's; a
-logprob row's pass, `rows.sum_chunk`, is unrolled in both), and that its variant without bitmask support fits the launcher's
-register cap (four programs of 8 warps per SM) with the launcher's options.
+logprob row's pass, `rows.sum_chunk`, is unrolled in both), and that its variant without
+bitmask support fits the launcher's register cap (four programs of 8 warps per SM) with the
+launcher's options.
 
 A faster check runs first: every kernel's cache key, which a GPU launch computes before it
 compiles, and which refuses calls the interpreter accepts (a plain Python function called from a

@@ -156,7 +156,7 @@ def scan_span(row_ptr, mask_row_ptr, mask_on, lo, inv_temp, key, DRAW: tl.conste
     logprobs can show (no token depends on it). So do 16-bit logits: a thread holds 8 of their
     lanes, a step's tiles then lie in two warps, and the step's maxima took block-wide
     reductions (not timed)."""
-    if SUM_R and not (DRAW or SUM_S or HAS_BITMASK) and (row_ptr.dtype.element_ty == tl.float32):
+    if sums_in_steps(DRAW, SUM_S, SUM_R, HAS_BITMASK, row_ptr.dtype.element_ty):
         res = sum_chunk(row_ptr, lo, SPAN, VOCAB, BLOCK)
     else:
         res = scan_chunk(row_ptr, mask_row_ptr, mask_on, lo, SPAN, VOCAB, inv_temp, key,
@@ -252,6 +252,13 @@ SUM_STEP = 4
 @triton.constexpr_function
 def sum_step(tiles):
     return min(SUM_STEP, tiles)
+
+
+@triton.constexpr_function
+def sums_in_steps(draw, sum_s, sum_r, has_bitmask, dtype):
+    """Whether `scan_span` takes `sum_chunk`: a logprob row's pass (the raw logits' sum
+    alone) over fp32 logits in the lean variant."""
+    return sum_r and not (draw or sum_s or has_bitmask) and dtype == tl.float32
 
 
 @triton.jit
