@@ -126,6 +126,14 @@ SPLITS_PER_PROGRAM = ((256, 2),)
 # chunks per program, so a captured graph keeps its choice): at small batch a top-p row's large
 # pool is drawn by several of them (`nucleus`); at large batch the rows alone fill the GPU.
 FINISH_PROGRAMS = ((64, 16),)
+# A one-program finish of 8 warps over a grid of at least FINISH_CAPPED_ROWS rows is held to
+# FINISH_REGISTERS per thread (ptxas spills ~1.5 KB): four programs per SM instead of two
+# (128 registers), which a batch that fills the GPU with rows alone turns into speed and a
+# smaller one does not (BENCHMARKS.md, H200, V = 152064 fp32: batch-1024 finishes 26-38 %
+# faster, batch-256 ones up to 5 % slower). The same code and layouts, so the same results: 4
+# warps instead, as fast, would change the order of the finish's block-wide sums.
+FINISH_CAPPED_ROWS = 512
+FINISH_REGISTERS = 64
 # Pool entries a finish program weighs at most (fewer where the pool is smaller).
 MAX_SLICE = 256
 # The scan unrolls its chunk loop: a bound on its code size.
@@ -544,6 +552,14 @@ def _splits_per_program(grid_rows: int, splits: int, override: int | None) -> in
     return min(group, max(splits, 1))
 
 
+def finish_options(grid_rows: int, programs: int, block: int) -> dict:
+    """Launch options of `_finish_kernel` (see FINISH_CAPPED_ROWS)."""
+    options = dict(num_warps=8 if block >= 1024 else 4, **NO_FMA)
+    if options["num_warps"] == 8 and programs == 1 and grid_rows >= FINISH_CAPPED_ROWS:
+        options["maxnreg"] = FINISH_REGISTERS
+    return options
+
+
 def _finish_programs(grid_rows: int, splits: int, cap: int, vocab_size: int,
                      override: int | None) -> int:
     """Programs per row of the finish (each weighs `finish_slice` pool entries)."""
@@ -652,4 +668,4 @@ def sample(logits: torch.Tensor, *, vocab_size: int, num_reqs: torch.Tensor,
            bitmask_stride, bitmask_enabled, *buffers_arg,
            (records, records.stride(0)), draft_tokens, **sizes,
            SMALL_BLOCK=min(block, SMALL_BLOCK_SIZE), PROGRAMS=programs,
-           num_warps=8 if chunk_block >= 1024 else 4, **NO_FMA)
+           **finish_options(max_num_reqs * m, programs, chunk_block))

@@ -159,6 +159,29 @@ def test_chunks_per_program_change_no_result_full_vocabulary(dtype):
     assert_same(results[0], layout, run_ref(b, K=20, vocab_size=V))
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_capped_finish_changes_no_result_full_vocabulary(dtype, monkeypatch):
+    """Every benchmark setting in one batch, settled by a one-program finish with all the
+    registers it asks for and with a large batch's cap (FINISH_CAPPED_ROWS): the same record
+    words, bit for bit, equal to the reference."""
+    rs = np.random.default_rng(17)
+    params = [p for p in SETTINGS.values() for _ in range(8)]
+    n = len(params)
+    b = make_batch(rs, params, dtype=dtype)
+    b.logits = (torch.from_numpy(rs.standard_normal((n, PV)).astype(np.float32)) * 3).to(dtype)
+    results = []
+    for rows in (1 << 30, 1):
+        monkeypatch.setattr(sampler, "FINISH_CAPPED_ROWS", rows)
+        assert ("maxnreg" in sampler.finish_options(n, 1, 1024)) == (rows <= n)
+        ws = sampler.SamplerWorkspace.allocate(n, 1, V, "cuda")
+        records, layout = run_kernel(b, K=20, vocab_size=V, block_size=None, workspace=ws,
+                                     finish_programs=1)
+        results.append(records)
+        assert ws.paths() == NO_SLOW_PATHS, rows
+    assert torch.equal(results[0], results[1])
+    assert_same(results[0], layout, run_ref(b, K=20, vocab_size=V))
+
+
 def test_temperature_logprobs_full_vocabulary():
     """Unfiltered random rows that report logprobs: the top-K list comes from a pool of ~5000
     candidates (256 a chunk, for the sampled token's rank). A token drawn below every floor has

@@ -823,6 +823,15 @@ def test_finish_programs_by_grid_rows_and_room():
             sampler._finish_programs(1, 19, 8192, 152064, bad)
 
 
+def test_finish_registers_capped_for_large_one_program_grids():
+    rows, cap = sampler.FINISH_CAPPED_ROWS, sampler.FINISH_REGISTERS
+    assert sampler.finish_options(rows, 1, 1024) == dict(num_warps=8, maxnreg=cap, **sampler.NO_FMA)
+    assert sampler.finish_options(rows - 1, 1, 1024) == dict(num_warps=8, **sampler.NO_FMA)
+    # Rows split over programs, and 4-warp finishes (small tiles), keep every register.
+    assert "maxnreg" not in sampler.finish_options(rows, 2, 1024)
+    assert sampler.finish_options(rows, 1, 512) == dict(num_warps=4, **sampler.NO_FMA)
+
+
 def test_bitmask_row_stride_does_not_specialise(monkeypatch):
     """The engine's bitmask rows are as wide as the padded vocabulary, the oracle's perhaps as
     wide as the real one: both launch the same compiled kernels."""

@@ -1,0 +1,41 @@
+#!/usr/bin/env bash
+# One GPU call of an ablation, within one device call's time: phase 1 compiles every tree's
+# kernels (`benchmarks.profile_kernels` at one mode) while the GPU tests run on one tree; phase 2
+# times the trees alone with benchmarks/ab_trees.sh (two rounds, ABBA), their kernels taken from
+# the Triton cache phase 1 filled.
+# Usage: OUT=dir [BUDGET=560] [TEST_TREE=.] [TEST_FILES=tests/gpu/test_sampler_gpu.py]
+#        [TEST_K="pytest -k expression"] bash benchmarks/ab_call.sh TREE... -- profile_kernels args
+# No TEST_K: no tests. Files under $OUT: times.txt (the GPU's clocks, when each phase ended and
+# its exit status), warm_<tree>.txt, tests.txt, ab.txt (the summary) and ab_trees.tgz.
+set -u
+export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 PYTHONUNBUFFERED=1
+trees=()
+while [[ $# -gt 0 && $1 != "--" ]]; do trees+=("$1"); shift; done
+[[ $# -gt 0 ]] && shift
+[[ ${#trees[@]} -gt 0 && $# -gt 0 ]] || {
+  echo "usage: $0 TREE... -- profile_kernels args" >&2; exit 2; }
+export OUT=${OUT:-out}
+mkdir -p "$OUT" || exit 2
+budget=${BUDGET:-560}
+export TRITON_CACHE_DIR=${TRITON_CACHE_DIR:-$(mktemp -d)}
+log=$OUT/times.txt
+nvidia-smi --query-gpu=name,clocks.sm,clocks.mem --format=csv > "$log" 2>&1
+SECONDS=0
+# Compiling takes most of phase 1; the tests get what is left of it after the timing's share.
+phase1=$((budget * 2 / 3))
+for tree in "${trees[@]}"; do
+  name=$(basename "$tree")
+  (cd "$tree" && timeout -k 5 "$phase1" python3 -m benchmarks.profile_kernels "$@" \
+     --modes greedy > "$OUT/warm_$name.txt" 2>&1
+   echo "warm $name rc=$? ${SECONDS}s" >> "$log") &
+done
+if [[ -n ${TEST_K:-} ]]; then
+  (cd "${TEST_TREE:-.}" && timeout -k 5 "$phase1" python3 -m pytest -q -rs -p no:cacheprovider \
+     ${TEST_FILES:-tests/gpu/test_sampler_gpu.py} -k "$TEST_K" > "$OUT/tests.txt" 2>&1
+   echo "tests rc=$? ${SECONDS}s" >> "$log") &
+fi
+wait
+echo "phase 1 done ${SECONDS}s" >> "$log"
+ROUNDS=2 timeout -k 5 $((budget - SECONDS)) bash "$(dirname "$0")/ab_trees.sh" "${trees[@]}" \
+  -- "$@" > "$OUT/ab.txt" 2>&1
+echo "ab rc=$? ${SECONDS}s" >> "$log"
