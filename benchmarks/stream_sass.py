@@ -3,8 +3,8 @@
 Usage: TRITON_INTERPRET=0 python3 -m benchmarks.stream_sass [--dtypes float32,bfloat16]
        [--dump DIR] [--json]
 
-Runs on a machine without a GPU: it compiles `rows.scan_span` (for fp32 logprob rows the first
-try of `rows.sum_chunk`, whole: no loop) over one 8192-column chunk
+Runs on a machine without a GPU: it compiles `rows.scan_span` (for logprob rows the first try
+of `rows.sum_chunk`, whole: no loop) over one 8192-column chunk
 (SCAN_BLOCK_SIZE lanes, the lean scan's launch options) for sm_90a with the ptxas and nvdisasm
 that Triton ships and prints the program's machine instructions per element for six variants:
 greedy (maxima only), the raw logits' softmax sum (logprob rows), the scores' (top-p rows),
@@ -45,7 +45,7 @@ def _stream_kernel(row_ptr, out_ptr, inv_temp, key, DRAW: tl.constexpr, SUM_S: t
                    SUM_R: tl.constexpr, CHUNK: tl.constexpr, VOCAB: tl.constexpr,
                    BLOCK: tl.constexpr):
     if rows.sums_in_steps(DRAW, SUM_S, SUM_R, False, row_ptr.dtype.element_ty):
-        # An fp32 logprob row's pass as it runs on a row without NaNs: `rows.sum_chunk`'s
+        # A logprob row's pass as it runs on a row without NaNs: `rows.sum_chunk`'s
         # first try (its second, with NaNs cleaned, runs only on a chunk that holds one).
         nan, max_x, arg_x, max_z, arg_z, lane_x, lane_r, mass_s, mass_r = rows.sum_steps(
             row_ptr, tl.program_id(0) * CHUNK, CHUNK, VOCAB, BLOCK, False)

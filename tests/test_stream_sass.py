@@ -4,8 +4,8 @@ suite runs the compiled code: the interpreter takes `tl.exp`'s place there).
 `rows.exp_neg` uses ex2.approx.ftz through inline PTX when compiled. Written with `tl.exp`,
 each exp carries ptxas's guard for denormal results (a compare against -126 and two predicated
 multiplies), 3 of the 13 instructions per element that a streaming sum cost on an H200
-(BENCHMARKS.md). An fp32 logprob row's pass (`rows.sum_chunk`) takes one exp per element and
-one per lane and step of tiles. This test compiles the stream with the ptxas Triton ships, as
+(BENCHMARKS.md). A logprob row's pass (`rows.sum_chunk`) takes one exp per element and one
+per lane and step of tiles. This test compiles the stream with the ptxas Triton ships, as
 `python -m benchmarks.stream_sass` does, and fails if a guard or a second exp comes back, or if
 the Gumbel race of a random row takes its logs other than by the SFU (`rng._log2`).
 """
@@ -43,19 +43,15 @@ def test_stream_sums_take_one_unguarded_exp_per_element():
     for dtype in ("float32", "bfloat16"):
         greedy = rows[dtype, "greedy"]
         assert greedy["MUFU"] == 0 and greedy["ex2_guards"] == 0, greedy
-        if dtype == "float32":
-            # An fp32 logprob row's pass, counted whole (unrolled): one exp per element and one
-            # per lane and step (its sum rescaled), unguarded; guarded only the one per lane of
-            # the chunk's final combine (`rows._lanes_mass`, tl.exp). Four lanes per thread: a
-            # thread holds every tile of its lanes.
-            first_try = rows[dtype, "sum_r"]
-            lanes = SCAN_BLOCK_SIZE // THREADS
-            assert first_try["counted"] == "program" and first_try["ex2_guards"] == lanes, \
-                first_try
-            assert first_try["MUFU"] == first_try["elements"] + lanes * (steps + 1), first_try
-        sum_variants = (("sum_s", 1), ("both", 2)) + ((("sum_r", 1),) if dtype != "float32"
-                                                      else ())
-        for variant, sums in sum_variants:
+        # A logprob row's pass, counted whole (unrolled): one exp per element and one per lane
+        # and step (its sum rescaled), unguarded; guarded only the one per lane of the chunk's
+        # final combine (`rows._lanes_mass`, tl.exp). Four lanes per thread, every tile of a
+        # lane in its thread.
+        first_try = rows[dtype, "sum_r"]
+        lanes = SCAN_BLOCK_SIZE // THREADS
+        assert first_try["counted"] == "program" and first_try["ex2_guards"] == lanes, first_try
+        assert first_try["MUFU"] == first_try["elements"] + lanes * (steps + 1), first_try
+        for variant, sums in (("sum_s", 1), ("both", 2)):
             r = rows[dtype, variant]
             assert r["ex2_guards"] == 0, r
             assert r["MUFU"] == sums * r["elements"], r

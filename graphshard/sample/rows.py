@@ -148,14 +148,12 @@ def scan_span(row_ptr, mask_row_ptr, mask_on, lo, inv_temp, key, DRAW: tl.conste
               BLOCK: tl.constexpr, HAS_BITMASK: tl.constexpr):
     """`scan_chunk` over columns [lo, lo + SPAN) with no thresholds: a chunk's streaming pass,
     or with SPAN = VOCAB the whole row's. A pass that keeps the raw logits' sum alone (a
-    logprob row's: no race, no scores' sum) over fp32 logits in the lean variant (no bitmask
-    support) is `sum_chunk`'s, which no other row's pass shares, so its sums need not round as
+    logprob row's: no race, no scores' sum) in the lean variant (no bitmask support) is
+    `sum_chunk`'s, which no other row's pass shares, so its sums need not round as
     `scan_chunk`'s. The variant with bitmask support keeps `scan_chunk` for it: `sum_chunk`
     there took 184 registers instead of 103 (one program per SM instead of two), so in a step
     with a bitmask a logprob row's sum may differ in its last bits, which only the reported
-    logprobs can show (no token depends on it). So do 16-bit logits: a thread holds 8 of their
-    lanes, a step's tiles then lie in two warps, and the step's maxima took block-wide
-    reductions (not timed)."""
+    logprobs can show (no token depends on it)."""
     if sums_in_steps(DRAW, SUM_S, SUM_R, HAS_BITMASK, row_ptr.dtype.element_ty):
         res = sum_chunk(row_ptr, lo, SPAN, VOCAB, BLOCK)
     else:
@@ -187,8 +185,6 @@ def sum_steps(row_ptr, lo, SPAN: tl.constexpr, VOCAB: tl.constexpr, BLOCK: tl.co
     a lane's sum is NaN (a NaN, or +inf, in the lane), else 0 (no NaN)."""
     STEP: tl.constexpr = sum_step(SPAN // BLOCK)
     tl.static_assert(SPAN % (STEP * BLOCK) == 0, "a span of whole steps of tiles")
-    cells = tl.arange(0, STEP)[:, None] * BLOCK + tl.arange(0, BLOCK)[None, :]  # [STEP, BLOCK]
-    tiles = tl.broadcast_to(tl.arange(0, STEP)[:, None], (STEP, BLOCK))
     any_nan = tl.zeros([BLOCK], tl.int32)
     best_x = tl.full([BLOCK], float("-inf"), tl.float32)
     best_xi = tl.zeros([BLOCK], tl.int32)
@@ -196,13 +192,13 @@ def sum_steps(row_ptr, lo, SPAN: tl.constexpr, VOCAB: tl.constexpr, BLOCK: tl.co
     state = (any_nan, best_x, best_xi, sum_r)
     if CLEAN:
         for start in range(0, SPAN, STEP * BLOCK):
-            state = _sum_step(row_ptr, lo + start, cells, tiles, state, VOCAB, BLOCK, CLEAN)
+            state = _sum_step(row_ptr, lo + start, state, STEP, VOCAB, BLOCK, CLEAN)
     else:
         # Unrolled: ptxas issues the next steps' loads while it folds one, where a loop waits
         # on every step's loads (BENCHMARKS.md, "A logprob row's pass in steps of four
         # tiles": as a loop the pass was 9% slower than the one it replaced).
         for start in tl.static_range(0, SPAN, STEP * BLOCK):
-            state = _sum_step(row_ptr, lo + start, cells, tiles, state, VOCAB, BLOCK, CLEAN)
+            state = _sum_step(row_ptr, lo + start, state, STEP, VOCAB, BLOCK, CLEAN)
     any_nan, best_x, best_xi, sum_r = state
     if not CLEAN:
         any_nan = (sum_r != sum_r).to(tl.int32)
@@ -215,24 +211,38 @@ def sum_steps(row_ptr, lo, SPAN: tl.constexpr, VOCAB: tl.constexpr, BLOCK: tl.co
 
 
 @triton.jit
-def _sum_step(row_ptr, first, cells, tiles, state, VOCAB: tl.constexpr, BLOCK: tl.constexpr,
-              CLEAN: tl.constexpr):
-    """One step of `sum_steps`: the tiles [STEP, BLOCK] from column `first` folded into the
-    per-lane (NaN flag, maximum, its lowest column, sum)."""
+def _sum_step(row_ptr, first, state, STEP: tl.constexpr, VOCAB: tl.constexpr,
+              BLOCK: tl.constexpr, CLEAN: tl.constexpr):
+    """One step of `sum_steps`: STEP tiles from column `first`, all loaded first, folded into
+    the per-lane (NaN flag, maximum, its lowest column, sum). Each tile is a [BLOCK] load of its
+    own, so a lane's tiles lie in one thread whatever the dtype (a [STEP, BLOCK] load of 16-bit
+    logits spreads them over two warps), and the step's maximum, lowest tile and sum are folded
+    in tile order."""
     any_nan, best_x, best_xi, sum_r = state
-    x, is_nan, _, _ = load_masked(row_ptr, row_ptr, False, first + cells, VOCAB, False, CLEAN)
+    lanes = tl.arange(0, BLOCK)
+    x, is_nan, _, _ = load_masked(row_ptr, row_ptr, False, first + lanes, VOCAB, False, CLEAN)
+    tiles = (x,)
+    step_x = x
+    for t in tl.static_range(1, STEP):
+        x, nan_t, _, _ = load_masked(row_ptr, row_ptr, False, first + t * BLOCK + lanes, VOCAB,
+                                     False, CLEAN)
+        tiles = tiles + (x,)
+        step_x = tl.maximum(step_x, x)
+        is_nan = is_nan | nan_t
     if CLEAN:
-        any_nan = any_nan | tl.max(is_nan.to(tl.int32), axis=0)
-    # Each lane's step maximum and the lowest tile holding it, as a maximum and a minimum:
-    # whatever order the reduction combines the tiles in (a thread holds all of a lane's fp32
-    # tiles at BLOCK = 1024, but not at every tile size), ties go to the lowest column.
-    step_x = tl.max(x, axis=0)
-    tile = tl.min(tl.where(x == step_x[None, :], tiles, tiles.shape[0]), axis=0)
+        any_nan = any_nan | is_nan.to(tl.int32)
+    # The lowest tile holding the maximum: ties go to the lowest column.
+    tile = tl.zeros([BLOCK], tl.int32)
+    for t in tl.static_range(STEP - 1, -1, -1):
+        tile = tl.where(tiles[t] == step_x, t, tile)
     better = step_x > best_x
     new_x = tl.where(better, step_x, best_x)
-    best_xi = tl.where(better, first + tile * BLOCK + tl.arange(0, BLOCK), best_xi)
+    best_xi = tl.where(better, first + tile * BLOCK + lanes, best_xi)
     ref = _floor_max(new_x)
-    sum_r = sum_r * exp_neg(ref - _floor_max(best_x)) + tl.sum(exp_neg(ref[None, :] - x), axis=0)
+    mass = exp_neg(ref - tiles[0])
+    for t in tl.static_range(1, STEP):
+        mass = mass + exp_neg(ref - tiles[t])
+    sum_r = sum_r * exp_neg(ref - _floor_max(best_x)) + mass
     return any_nan, new_x, best_xi, sum_r
 
 
@@ -257,8 +267,8 @@ def sum_step(tiles):
 @triton.constexpr_function
 def sums_in_steps(draw, sum_s, sum_r, has_bitmask, dtype):
     """Whether `scan_span` takes `sum_chunk`: a logprob row's pass (the raw logits' sum
-    alone) over fp32 logits in the lean variant."""
-    return sum_r and not (draw or sum_s or has_bitmask) and dtype == tl.float32
+    alone) in the lean variant."""
+    return sum_r and not (draw or sum_s or has_bitmask)
 
 
 @triton.jit

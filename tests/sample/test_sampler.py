@@ -1089,14 +1089,15 @@ def test_hot_lanes_of_every_listing_tile_are_captured(top_k):
     assert paths == NO_SLOW_PATHS
 
 
-@pytest.mark.parametrize("block", [32, 128])
-def test_logprob_passes_read_chunks_with_nans_again(block):
+@pytest.mark.parametrize("block, dtype", [(32, torch.float32), (128, torch.float32),
+                                          (32, torch.bfloat16)])
+def test_logprob_passes_read_chunks_with_nans_again(block, dtype):
     # A logprob row's pass (`rows.sum_chunk`: greedy rows, and top-k rows without top-p) folds
     # a chunk in steps of tiles (four steps of four tiles per 512-column chunk at block 32, one
     # at 128), leaves NaNs in on its first try and reads a chunk again when one reached its
     # sums. NaN counts, tokens (ties to the lowest id) and logprobs match the reference for a
     # few NaNs, an all-NaN row, rows without a finite logit, equal rows and ties, and streaming
-    # one or two chunks per program gives the same records.
+    # one or two chunks per program gives the same records; with 16-bit logits too.
     rs = np.random.default_rng(7)
     kinds = ("some_nan", "nan_row", "all_neg_inf", "single_finite", "peaked", "equal",
              "ties_at_threshold")
@@ -1107,7 +1108,7 @@ def test_logprob_passes_read_chunks_with_nans_again(block):
                    SamplingParams(temperature=0.8, top_k=50, seed=int(rs.integers(0, 2**63)),
                                   num_logprobs=3)]
     b = make_batch(rs, params)
-    b.logits = torch.from_numpy(np.stack(rows))
+    b.logits = torch.from_numpy(np.stack(rows)).to(dtype)
     runs = [run_kernel(b, K=3, vocab_size=AV, block_size=block, chunk_size=A_CHUNK,
                        splits_per_program=group)[0] for group in (1, 2)]
     assert torch.equal(runs[0], runs[1])
