@@ -7,7 +7,8 @@
 # check's random run takes DIVERGENCE_RUN_STEPS steps, 10000 here). "kernels" compiles dozens of
 # sampler variants on a fresh machine and takes most of a 10-minute device call: give it its own.
 # Comparing the sampler's kernel times with another commit: benchmarks/ab_kernels.sh.
-# Several trees at once (an ablation): benchmarks/ab_trees.sh.
+# Several trees at once (an ablation): benchmarks/ab_trees.sh; with GPU tests of one tree
+# compiled while the trees warm up, in one call: benchmarks/ab_call.sh.
 # Files: machine.txt, run.log (everything printed), sampling.json, bench.json, exchange.json,
 # gpu_report.jsonl, graph_read.json, variants.json, timeline.json, sweep/loop.{json,md,png},
 # sweep/auto.json.
