@@ -44,7 +44,7 @@ THREADS = OPTIONS["num_warps"] * 32
 def _stream_kernel(row_ptr, out_ptr, inv_temp, key, DRAW: tl.constexpr, SUM_S: tl.constexpr,
                    SUM_R: tl.constexpr, CHUNK: tl.constexpr, VOCAB: tl.constexpr,
                    BLOCK: tl.constexpr):
-    if rows.sums_in_steps(DRAW, SUM_S, SUM_R, False, row_ptr.dtype.element_ty):
+    if rows.sums_in_steps(DRAW, SUM_S, SUM_R, False):
         # A logprob row's pass as it runs on a row without NaNs: `rows.sum_chunk`'s
         # first try (its second, with NaNs cleaned, runs only on a chunk that holds one).
         nan, max_x, arg_x, max_z, arg_z, lane_x, lane_r, mass_s, mass_r = rows.sum_steps(

@@ -128,9 +128,10 @@ SPLITS_PER_PROGRAM = ((256, 2),)
 FINISH_PROGRAMS = ((64, 16),)
 # A one-program finish of 8 warps over a grid of at least FINISH_CAPPED_ROWS rows is held to
 # FINISH_REGISTERS per thread (ptxas spills ~1.5 KB): four programs per SM instead of two
-# (128 registers), which a batch that fills the GPU with rows alone turns into speed and a
-# smaller one does not (BENCHMARKS.md, H200, V = 152064 fp32: batch-1024 finishes 26-38 %
-# faster, batch-256 ones up to 5 % slower). The same code and layouts, so the same results: 4
+# (128 registers without bitmask support; ~170 with it, one per SM), which a batch that fills
+# the GPU with rows alone turns into speed and a smaller one does not (BENCHMARKS.md, H200, the
+# finish without bitmask support: at batch 1024 20-37 % less time at V = 152064 fp32, 36-60 %
+# at 128256 bf16; at 256 up to 5 % more). The same code and layouts, so the same results: 4
 # warps instead, as fast, would change the order of the finish's block-wide sums.
 FINISH_CAPPED_ROWS = 512
 FINISH_REGISTERS = 64

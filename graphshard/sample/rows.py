@@ -154,7 +154,7 @@ def scan_span(row_ptr, mask_row_ptr, mask_on, lo, inv_temp, key, DRAW: tl.conste
     there took 184 registers instead of 103 (one program per SM instead of two), so in a step
     with a bitmask a logprob row's sum may differ in its last bits, which only the reported
     logprobs can show (no token depends on it)."""
-    if sums_in_steps(DRAW, SUM_S, SUM_R, HAS_BITMASK, row_ptr.dtype.element_ty):
+    if sums_in_steps(DRAW, SUM_S, SUM_R, HAS_BITMASK):
         res = sum_chunk(row_ptr, lo, SPAN, VOCAB, BLOCK)
     else:
         res = scan_chunk(row_ptr, mask_row_ptr, mask_on, lo, SPAN, VOCAB, inv_temp, key,
@@ -180,9 +180,9 @@ def sum_chunk(row_ptr, lo, SPAN: tl.constexpr, VOCAB: tl.constexpr, BLOCK: tl.co
 @triton.jit
 def sum_steps(row_ptr, lo, SPAN: tl.constexpr, VOCAB: tl.constexpr, BLOCK: tl.constexpr,
               CLEAN: tl.constexpr):
-    """`sum_chunk` over steps of tiles [STEP, BLOCK] (SPAN a multiple of STEP * BLOCK). With
-    CLEAN, NaNs read as -inf and the first result is the NaN flag; without, it is 1 when
-    a lane's sum is NaN (a NaN, or +inf, in the lane), else 0 (no NaN)."""
+    """`sum_chunk` over steps of STEP tiles of BLOCK columns (SPAN a multiple of STEP *
+    BLOCK). With CLEAN, NaNs read as -inf and the first result is the NaN flag; without, it is
+    1 when a lane's sum is NaN (a NaN, or +inf, in the lane), else 0 (no NaN)."""
     STEP: tl.constexpr = sum_step(SPAN // BLOCK)
     tl.static_assert(SPAN % (STEP * BLOCK) == 0, "a span of whole steps of tiles")
     any_nan = tl.zeros([BLOCK], tl.int32)
@@ -265,7 +265,7 @@ def sum_step(tiles):
 
 
 @triton.constexpr_function
-def sums_in_steps(draw, sum_s, sum_r, has_bitmask, dtype):
+def sums_in_steps(draw, sum_s, sum_r, has_bitmask):
     """Whether `scan_span` takes `sum_chunk`: a logprob row's pass (the raw logits' sum
     alone) in the lean variant."""
     return sum_r and not (draw or sum_s or has_bitmask)

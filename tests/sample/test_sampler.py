@@ -760,7 +760,8 @@ def test_default_chunks_depend_on_the_vocabulary_only():
 
 def test_one_compiled_kernel_pair_serves_every_batch_size(monkeypatch):
     """Specialization key of each kernel's launch is the same for every n and every grid bound
-    (the scan's for every grid bound with the same number of chunks per program)."""
+    (the scan's for every grid bound with the same number of chunks per program, the finish's
+    below FINISH_CAPPED_ROWS)."""
     keys, grids = {}, {}
 
     def record_launch(kernel, grid, *args, **kwargs):
