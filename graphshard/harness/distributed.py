@@ -14,6 +14,7 @@ import tempfile
 import threading
 import time
 import traceback
+import warnings
 from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import timedelta
@@ -33,6 +34,12 @@ BACKENDS = ("gloo", "nccl")
 # Time the parent keeps collecting reports after the first failure, so the rank that failed
 # first (not the peers that lost it) shows up in the error.
 _FAILURE_GRACE_S = 2.0
+# Fresh starts of every rank when the process group does not form: gloo's mesh over loopback
+# can lose a connection on a loaded machine ("connectFullMesh failed ... Connection closed by
+# peer") before any rank ran `fn`.
+GROUP_RETRIES = 1
+# A rank's report: (rank, status, payload), payload the pickled result or a traceback.
+_DONE, _FAILED, _NO_GROUP = "done", "failed", "no group"
 
 
 def set_gpu_env() -> None:
@@ -105,13 +112,21 @@ def _worker(fn, rank: int, world_size: int, args: tuple, backend: str, init_file
     set_gpu_env()
     try:
         device = _bind_device(backend, rank)
+    except BaseException:
+        reports.put((rank, _FAILED, traceback.format_exc()))
+        return
+    try:
         dist.init_process_group(backend, init_method=f"file://{init_file}", rank=rank,
                                 world_size=world_size, timeout=timedelta(seconds=timeout_s),
                                 **_device_id(device))
-        # Plain pickle copies tensors by value: the child may exit before the parent reads.
-        report = (rank, True, pickle.dumps(fn(rank, world_size, *args)))
     except BaseException:
-        report = (rank, False, traceback.format_exc())
+        reports.put((rank, _NO_GROUP, traceback.format_exc()))
+        return
+    try:
+        # Plain pickle copies tensors by value: the child may exit before the parent reads.
+        report = (rank, _DONE, pickle.dumps(fn(rank, world_size, *args)))
+    except BaseException:
+        report = (rank, _FAILED, traceback.format_exc())
     # Report before tearing down: after a failure the teardown may wait on peers forever (the
     # parent kills what is left).
     reports.put(report)
@@ -125,11 +140,30 @@ def spawn(fn, world_size: int, *args, backend: str = "gloo", timeout_s: float = 
     initialized (file rendezvous in a fresh temp dir). Returns each rank's return value in rank
     order; raises RuntimeError with the failing ranks' tracebacks, TimeoutError past `timeout_s`.
     After the first failure the others get `failure_grace_s` to report before they are killed.
-    `fn` and `args` must be picklable (a module-level function)."""
+    Where a rank could not join the process group, every rank starts again, GROUP_RETRIES
+    times at most (each start has its own `timeout_s`). `fn` and `args` must be picklable (a
+    module-level function)."""
     if backend not in BACKENDS:
         raise ValueError(f"backend must be one of {', '.join(BACKENDS)}, got {backend!r}")
     if world_size < 1:
         raise ValueError(f"world_size must be >= 1, got {world_size}")
+    for attempt in range(GROUP_RETRIES + 1):
+        results, errors, no_group = _spawn_once(fn, world_size, args, backend, timeout_s,
+                                                failure_grace_s)
+        if not no_group or attempt == GROUP_RETRIES:
+            break
+        first = min(no_group)
+        warnings.warn(f"spawn: rank {first} could not join the process group; starting all "
+                      f"{world_size} ranks again:\n{errors[first]}", RuntimeWarning, stacklevel=2)
+    if errors:
+        text = "\n".join(f"--- rank {r} ---\n{tb}" for r, tb in sorted(errors.items()))
+        raise RuntimeError(f"{len(errors)} of {world_size} ranks failed:\n{text}")
+    return [pickle.loads(results[r]) for r in range(world_size)]
+
+
+def _spawn_once(fn, world_size: int, args: tuple, backend: str, timeout_s: float,
+                failure_grace_s: float) -> tuple[dict, dict, set]:
+    """One start of every rank -> (results, errors, ranks that could not join the group)."""
     ctx = mp.get_context("spawn")
     tmpdir = tempfile.mkdtemp(prefix="graphshard-rdzv-")
     reports = ctx.Queue()
@@ -137,20 +171,17 @@ def spawn(fn, world_size: int, *args, backend: str = "gloo", timeout_s: float = 
                          args=(fn, r, world_size, args, backend, os.path.join(tmpdir, "store"),
                                timeout_s, reports))
              for r in range(world_size)]
-    results, errors = {}, {}
+    results, errors, no_group = {}, {}, set()
     try:
         with _child_env(GPU_ENV):
             for p in procs:
                 p.start()
-        results, errors = _collect(procs, reports, timeout_s, failure_grace_s)
+        results, errors, no_group = _collect(procs, reports, timeout_s, failure_grace_s)
     finally:
         _stop(procs, grace_s=10.0 if len(results) == world_size else 0.0)
         reports.close()
         _remove_dir(tmpdir)
-    if errors:
-        text = "\n".join(f"--- rank {r} ---\n{tb}" for r, tb in sorted(errors.items()))
-        raise RuntimeError(f"{len(errors)} of {world_size} ranks failed:\n{text}")
-    return [pickle.loads(results[r]) for r in range(world_size)]
+    return results, errors, no_group
 
 
 @contextmanager
@@ -178,11 +209,13 @@ def _remove_dir(path: str) -> None:
         time.sleep(0.5)
 
 
-def _collect(procs, reports, timeout_s: float, failure_grace_s: float) -> tuple[dict, dict]:
+def _collect(procs, reports, timeout_s: float,
+             failure_grace_s: float) -> tuple[dict, dict, set]:
     world_size = len(procs)
     deadline = time.monotonic() + timeout_s
     results: dict[int, bytes] = {}
     errors: dict[int, str] = {}
+    no_group: set[int] = set()
     first_error_at = None
     while len(results) + len(errors) < world_size:
         now = time.monotonic()
@@ -195,19 +228,21 @@ def _collect(procs, reports, timeout_s: float, failure_grace_s: float) -> tuple[
             raise TimeoutError(f"spawn: ranks {missing} did not finish within {timeout_s:.0f} s "
                                f"(killed)")
         try:
-            rank, ok, payload = reports.get(timeout=0.1)
+            rank, status, payload = reports.get(timeout=0.1)
         except queue.Empty:
             _note_silent_deaths(procs, results, errors)
             if errors and first_error_at is None:
                 first_error_at = time.monotonic()
             continue
-        if ok:
+        if status == _DONE:
             results[rank] = payload
         else:
             errors[rank] = payload
+            if status == _NO_GROUP:
+                no_group.add(rank)
             if first_error_at is None:
                 first_error_at = time.monotonic()
-    return results, errors
+    return results, errors, no_group
 
 
 def _note_silent_deaths(procs, results, errors) -> None:

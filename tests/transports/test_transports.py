@@ -5,13 +5,17 @@ from __future__ import annotations
 
 import logging
 import os
+import pickle
+import queue
 import time
+import warnings
 
 import numpy as np
 import pytest
 import torch
 import torch.distributed as dist
 
+from graphshard.harness import distributed
 from graphshard.harness.distributed import spawn
 from graphshard.plan.layout import PlanBuffers, owner_counts, owner_ranks
 from graphshard.plan.reference import plan_ref
@@ -320,6 +324,40 @@ def test_spawn_reports_the_failing_rank():
         spawn(fail_on_rank0, 2, timeout_s=60)
     assert "--- rank 0 ---" in str(info.value) and "ValueError" in str(info.value)
     assert time.monotonic() - start < 45
+
+
+def test_spawn_reports_a_rank_that_cannot_join_the_group(tmp_path):
+    # Run in this process: a rank past the world size fails gloo's group setup at once, which
+    # the rank reports as such (spawn then starts every rank again).
+    reports = queue.Queue()
+    distributed._worker(return_rank_info, 3, 2, ("x",), "gloo", str(tmp_path / "store"), 5,
+                        reports)
+    rank, status, payload = reports.get_nowait()
+    assert (rank, status) == (3, distributed._NO_GROUP) and "rank < size" in payload
+    assert not dist.is_initialized()
+
+
+def test_spawn_starts_again_when_the_group_does_not_form(monkeypatch):
+    starts = []
+
+    def once(fn, world_size, *args):
+        starts.append(world_size)
+        if len(starts) == 1:
+            return {0: pickle.dumps(0)}, {1: "connectFullMesh failed"}, {1}
+        return {r: pickle.dumps(r) for r in range(world_size)}, {}, set()
+
+    monkeypatch.setattr(distributed, "_spawn_once", once)
+    with pytest.warns(RuntimeWarning, match="rank 1 could not join the process group"):
+        assert spawn(return_rank_info, 2, "x") == [0, 1]
+    assert starts == [2, 2]
+    # A failure of `fn` itself, or a second failed start, is raised as it is.
+    for failed in ({1: "ValueError: no"}, set()), ({1: "connectFullMesh failed"}, {1}):
+        starts.clear()
+        monkeypatch.setattr(distributed, "_spawn_once",
+                            lambda fn, world_size, *a, failed=failed: ({0: b""}, *failed))
+        with pytest.raises(RuntimeError, match="1 of 2 ranks failed"), warnings.catch_warnings():
+            warnings.simplefilter("ignore", RuntimeWarning)
+            spawn(return_rank_info, 2, "x")
 
 
 def test_spawn_times_out():
