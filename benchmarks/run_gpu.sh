@@ -31,7 +31,7 @@ cat "$OUT/machine.txt"
 T_KERNELS=${T_KERNELS:-560} T_SAMPLING=${T_SAMPLING:-300} T_TESTS=${T_TESTS:-300} T_RELIABILITY=${T_RELIABILITY:-420} T_BENCH=${T_BENCH:-90} T_SWEEP=${T_SWEEP:-300} T_PROFILE=${T_PROFILE:-120} T_DIVERGENCE=${T_DIVERGENCE:-540}
 if want kernels; then
   echo "== sampler tests, compiled" | tee -a "$log"
-  timeout "$T_KERNELS" python3 -m pytest -q -rs -x --timeout=200 ${KERNEL_ARGS:-tests/gpu/test_sampler_gpu.py tests/sample/test_floor.py tests/sample/test_search.py tests/gpu/test_kernels_gpu.py tests/sample/test_sampler.py} 2>&1 | tee -a "$log" || status=1
+  timeout "$T_KERNELS" python3 -m pytest -q -rs -x --timeout=200 ${KERNEL_ARGS:-tests/sample/test_rows.py tests/gpu/test_sampler_gpu.py tests/sample/test_floor.py tests/sample/test_search.py tests/gpu/test_kernels_gpu.py tests/sample/test_sampler.py} 2>&1 | tee -a "$log" || status=1
 fi
 if want sampling; then
   echo "== sampling benchmark (tp = 1) against the PyTorch sort sampler" | tee -a "$log"
