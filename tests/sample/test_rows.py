@@ -69,7 +69,7 @@ def chunks(rs, span: int, block: int, big: float) -> dict[str, np.ndarray]:
 def run_pass(row: torch.Tensor, lo: int, span: int, vocab: int, block: int, running: bool):
     out = torch.zeros(4 + block, dtype=torch.int32, device=DEVICE)
     _pass_kernel[(1,)](row, out, lo, SPAN=span, VOCAB=vocab, BLOCK=block, RUNNING=running,
-                       num_warps=4, enable_fp_fusion=False)
+                       num_warps=8 if block >= 1024 else 4, enable_fp_fusion=False)
     o = out.cpu().numpy()
     f = o.view(np.float32)
     return int(o[0]), float(f[1]), int(o[2]), float(f[3]), o[4:]
@@ -77,10 +77,11 @@ def run_pass(row: torch.Tensor, lo: int, span: int, vocab: int, block: int, runn
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
 @pytest.mark.parametrize("block, span, padding", [(32, 32, 0), (32, 64, 0), (32, 512, 0),
-                                                  (32, 512, 19)])
+                                                  (32, 512, 19), (1024, 8192, 1500)])
 def test_logprob_pass_matches_the_running_sum_and_the_reference(dtype, block, span, padding):
     # The chunk is the row's second, and the vocabulary ends `padding` columns before its end;
     # the columns around it (the row's other chunks, the padding) hold values that would win.
+    # 1024 lanes over 8 warps are the scan's tile on a GPU.
     rs = np.random.default_rng(block + span + padding)
     big = float(torch.finfo(dtype).max)
     lo, vocab = span, 2 * span - padding
