@@ -23,7 +23,7 @@ import triton.language as tl
 
 from graphshard.sample import rng
 from graphshard.sample.floors import DISALLOWED, ID_BITS
-from graphshard.sample.rows import key_to_float, merge_top, order_key
+from graphshard.sample.rows import key_to_float, max_lowest, merge_top, order_key
 
 # Pools this short (a small top-k or logprobs list above a shared floor) sort in a quarter of
 # the time of a whole tile.
@@ -308,8 +308,7 @@ def draw_pool(pool_x_ptr, pool_id_ptr, n_cand, inv_temp, low_score, key, CAP: tl
             better = ok & ((z > best_z) | ((z == best_z) & (ids < best_id)))
             best_id = tl.where(better, ids, best_id)
             best_z = tl.where(better, z, best_z)
-    top_z = tl.max(best_z, axis=0)
-    top_id = tl.min(tl.where(best_z == top_z, best_id, 2147483647), axis=0)
+    top_z, top_id = max_lowest(best_z, best_id)
     return top_z, tl.where(top_z > float("-inf"), top_id, 0)
 
 

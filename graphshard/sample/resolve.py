@@ -12,7 +12,7 @@ import triton.language as tl
 
 from graphshard.sample.deep import draw_deep_nucleus
 from graphshard.sample.rows import (draw_filtered, key_to_float, load_masked, logprob_row,
-                                    order_key, scan_span, top_p_only)
+                                    max_lowest, order_key, scan_span, top_p_only)
 from graphshard.sample.candidates import (SHORT_POOL, TINY_POOL, count_raw_above, draw_pool,
                                           floor_score, mass_above, search_mass, search_pool,
                                           sorted_thresholds, top_entries, top_raw, unpack_top)
@@ -39,8 +39,7 @@ def combine_max(part_ptr, VAL: tl.constexpr, ARG: tl.constexpr, SPLITS: tl.const
     exactly the one-pass result (a chunk without finite values reports (-inf, 0))."""
     vals = load_part(part_ptr, VAL, SPLITS, float("-inf"), True)
     ids = load_part(part_ptr, ARG, SPLITS, 2147483647, False)
-    best = tl.max(vals, axis=0)
-    return best, tl.min(tl.where(vals == best, ids, 2147483647), axis=0)
+    return max_lowest(vals, ids)
 
 
 @triton.jit

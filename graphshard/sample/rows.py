@@ -24,6 +24,14 @@ def order_key(x):
 
 
 @triton.jit
+def max_lowest(values, ids):
+    """(max of `values` [N], the lowest of `ids` at it): ties go to the lowest id whatever order
+    the reduction combines in."""
+    top = tl.max(values, axis=0)
+    return top, tl.min(tl.where(values == top, ids, 2147483647), axis=0)
+
+
+@triton.jit
 def key_to_float(k):
     b = tl.where((k >> 31) != 0, k ^ 0x80000000, k ^ 0xFFFFFFFF)
     return b.to(tl.float32, bitcast=True)
@@ -98,14 +106,12 @@ def scan_chunk(row_ptr, mask_row_ptr, mask_on, lo, SPAN: tl.constexpr, VOCAB: tl
     if not HAS_BITMASK:
         best_raw = best_x
     has_nan = tl.max(any_nan.to(tl.int32), axis=0)
-    max_x = tl.max(best_x, axis=0)
-    arg_x = tl.min(tl.where(best_x == max_x, best_xi, 2147483647), axis=0)
+    max_x, arg_x = max_lowest(best_x, best_xi)
     # Without DRAW the race's lanes stay (-inf, 0): no block-wide reductions of constants.
     max_z = tl.full((), float("-inf"), tl.float32)
     arg_z = tl.zeros((), tl.int32)
     if DRAW:
-        max_z = tl.max(best_z, axis=0)
-        arg_z = tl.min(tl.where(best_z == max_z, best_zi, 2147483647), axis=0)
+        max_z, arg_z = max_lowest(best_z, best_zi)
     mass_s = tl.zeros((), tl.float32)
     mass_r = tl.zeros((), tl.float32)
     if SUM_S:
@@ -202,8 +208,7 @@ def sum_steps(row_ptr, lo, SPAN: tl.constexpr, VOCAB: tl.constexpr, BLOCK: tl.co
     any_nan, best_x, best_xi, sum_r = state
     if not CLEAN:
         any_nan = (sum_r != sum_r).to(tl.int32)
-    max_x = tl.max(best_x, axis=0)
-    arg_x = tl.min(tl.where(best_x == max_x, best_xi, 2147483647), axis=0)
+    max_x, arg_x = max_lowest(best_x, best_xi)
     no_race = tl.full((), float("-inf"), tl.float32)
     # Every token is allowed: the raw maxima are the masked ones.
     return tl.max(any_nan, axis=0), max_x, arg_x, no_race, tl.zeros((), tl.int32), best_x, \
