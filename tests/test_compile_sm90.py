@@ -134,9 +134,12 @@ def report() -> list[dict]:
                     dict(shared, CHUNK=CHUNK_SIZE, GROUP=group,
                          NUCLEUS_WINNER=sampler.nucleus_winner(programs)),
                     num_warps, tmp, ALIGNED, **options)))
+            # A small batch's finish options (no register cap).
+            options = sampler.finish_options(1, finish["PROGRAMS"], sampler.SCAN_BLOCK_SIZE)
+            num_warps = options.pop("num_warps")
             rows.append(dict(tag, **_compile(
-                sampler._finish_kernel, common, dict(shared, SMALL_BLOCK=512, **finish), 8,
-                tmp, ALIGNED, **sampler.NO_FMA)))
+                sampler._finish_kernel, common, dict(shared, SMALL_BLOCK=512, **finish), num_warps,
+                tmp, ALIGNED, **options)))
         plan_args = {n: "*i32" for n in inspect.signature(_plan_kernel.fn).parameters}
         plan_args.update(plan=PlanBuffers(*["*i32"] * len(PlanBuffers._fields)),
                          max_num_reqs="i32", max_num_rows="i32", gather_stride="i32")

@@ -528,12 +528,17 @@ def _block_size(vocab_size: int, k_p: int, block_size: int | None) -> int:
     return max(block_size, k_p, 16)
 
 
+def _tile_options(block: int) -> dict:
+    """Both kernels' options for a tile of `block` columns: 8 warps from 1024 columns."""
+    return dict(num_warps=8 if block >= 1024 else 4, **NO_FMA)
+
+
 def scan_options(has_bitmask: bool, block: int) -> dict:
     """Launch options of `_scan_kernel`'s variant. The variant without bitmask support is held to
     LEAN_SCAN_REGISTERS: it streams at memory speed only with four programs of 8 warps per SM, and
     left alone ptxas gives it a few registers more than that for code that runs after the
     stream (it fits in 64 with no spills when asked)."""
-    options = dict(num_warps=8 if block >= 1024 else 4, **NO_FMA)
+    options = _tile_options(block)
     if not has_bitmask:
         options["maxnreg"] = LEAN_SCAN_REGISTERS
     return options
@@ -555,7 +560,7 @@ def _splits_per_program(grid_rows: int, splits: int, override: int | None) -> in
 
 def finish_options(grid_rows: int, programs: int, block: int) -> dict:
     """Launch options of `_finish_kernel` (see FINISH_CAPPED_ROWS)."""
-    options = dict(num_warps=8 if block >= 1024 else 4, **NO_FMA)
+    options = _tile_options(block)
     if options["num_warps"] == 8 and programs == 1 and grid_rows >= FINISH_CAPPED_ROWS:
         options["maxnreg"] = FINISH_REGISTERS
     return options
