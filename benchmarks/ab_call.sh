@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # One GPU call of an ablation, within one device call's time: phase 1 compiles every tree's
 # kernels (`benchmarks.profile_kernels` at one mode) while the GPU tests run on one tree; phase 2
-# times the trees alone with benchmarks/ab_trees.sh (two rounds, ABBA), their kernels taken from
-# the Triton cache phase 1 filled.
+# times the trees alone with benchmarks/ab_trees.sh (two rounds, ABBA, no warm-up of its own),
+# their kernels taken from the Triton cache phase 1 filled.
 # Usage: OUT=dir [BUDGET=560] [TEST_TREE=.] [TEST_FILES=tests/gpu/test_sampler_gpu.py]
 #        [TEST_K="pytest -k expression"] bash benchmarks/ab_call.sh TREE... -- profile_kernels args
 # No TEST_K: no tests. Files under $OUT: times.txt (the GPU's clocks, when each phase ended and
@@ -36,6 +36,6 @@ if [[ -n ${TEST_K:-} ]]; then
 fi
 wait
 echo "phase 1 done ${SECONDS}s" >> "$log"
-ROUNDS=2 timeout -k 5 $((budget - SECONDS)) bash "$(dirname "$0")/ab_trees.sh" "${trees[@]}" \
+ROUNDS=2 WARM=0 timeout -k 5 $((budget - SECONDS)) bash "$(dirname "$0")/ab_trees.sh" "${trees[@]}" \
   -- "$@" > "$OUT/ab.txt" 2>&1
 echo "ab rc=$? ${SECONDS}s" >> "$log"

@@ -3,7 +3,7 @@
 # tree with one change each). Every tree compiles at once (the Triton cache keeps them), then
 # each is timed alone: round 1 in the order given, round 2 (ROUNDS=2) in reverse, so a drift of
 # the GPU over the run shows as a difference between the rounds.
-# Usage: OUT=dir [ROUNDS=1|2] bash benchmarks/ab_trees.sh TREE... [-- benchmarks.profile_kernels args]
+# Usage: OUT=dir [ROUNDS=1|2] [WARM=0] bash benchmarks/ab_trees.sh TREE... [-- benchmarks.profile_kernels args]
 # (default args: greedy, top-k, top-k + top-p, top-p, min-p and logprobs 5 at batches 1, 256 and
 # 1024, layout K = 20, no engine step). A TREE is a directory holding a copy of the project,
 # e.g. `git archive HEAD | tar -x -C out/abl/base`, then edited; it is named by its last path
@@ -35,13 +35,16 @@ out=$(cd "$OUT" && pwd)
 cd "$(dirname "$0")/.."
 work=$(mktemp -d)
 status=0
-for i in "${!trees[@]}"; do
-  # The timed arguments at one mode: the same kernel variants (a bitmask's too; the batches
-  # pick the finish's programs per row, so they stay), compiled for every tree at once.
-  (cd "${trees[$i]}" && timeout 300 python3 -m benchmarks.profile_kernels "${args[@]}" \
-    --modes greedy > "$work/warm_${names[$i]}.log" 2>&1) &
-done
-wait
+# WARM=0: the caller compiled every tree already (benchmarks/ab_call.sh).
+if [[ ${WARM:-1} != 0 ]]; then
+  for i in "${!trees[@]}"; do
+    # The timed arguments at one mode: the same kernel variants (a bitmask's too; the batches
+    # pick the finish's programs per row, so they stay), compiled for every tree at once.
+    (cd "${trees[$i]}" && timeout 300 python3 -m benchmarks.profile_kernels "${args[@]}" \
+      --modes greedy > "$work/warm_${names[$i]}.log" 2>&1) &
+  done
+  wait
+fi
 order=("${!trees[@]}")
 for round in $(seq 1 "$rounds"); do
   for i in "${order[@]}"; do
