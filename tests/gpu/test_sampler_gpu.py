@@ -182,6 +182,41 @@ def test_capped_finish_changes_no_result_full_vocabulary(dtype, monkeypatch):
     assert_same(results[0], layout, run_ref(b, K=20, vocab_size=V))
 
 
+def test_capped_bitmask_finish_changes_no_result_full_vocabulary(monkeypatch):
+    """The finish the engine launches (with bitmask support, ~170 registers uncapped) under the
+    same cap: a step with the bitmask flag off (the unconstrained result) and one with a dense
+    random mask on, each with the same record words capped and uncapped, equal to the reference.
+    One dtype: the flag is read at run time, so both steps share the two compiles."""
+    rs = np.random.default_rng(19)
+    params = [p for p in SETTINGS.values() for _ in range(8)]
+    n = len(params)
+    b = make_batch(rs, params, dtype=torch.bfloat16)
+    b.logits = (torch.from_numpy(rs.standard_normal((n, PV)).astype(np.float32)) * 3).to(
+        torch.bfloat16)
+    # About one token in sixteen disallowed: the rows keep most of their candidates.
+    words = sampler.bitmask_words(V)
+    dense = ~(rs.integers(0, 2**32, size=(n, words), dtype=np.uint64)
+              & rs.integers(0, 2**32, size=(n, words), dtype=np.uint64)
+              & rs.integers(0, 2**32, size=(n, words), dtype=np.uint64)
+              & rs.integers(0, 2**32, size=(n, words), dtype=np.uint64))
+    mask = dense.astype(np.uint32).view(np.int32)
+    for enabled in (0, 1):
+        results, paths = [], []
+        for rows in (1 << 30, 1):
+            monkeypatch.setattr(sampler, "FINISH_CAPPED_ROWS", rows)
+            b.bitmask, b.bitmask_rows = mask, np.arange(n, dtype=np.int32)
+            ws = sampler.SamplerWorkspace.allocate(n, 1, V, "cuda")
+            records, layout = run_kernel(b, K=20, vocab_size=V, block_size=None, workspace=ws,
+                                         finish_programs=1, bitmask_enabled=enabled)
+            results.append(records)
+            paths.append(ws.paths())
+        assert torch.equal(results[0], results[1]), enabled
+        assert paths[0] == paths[1], (enabled, paths)
+        if not enabled:
+            b.bitmask, b.bitmask_rows = None, None  # flag off: exactly the unconstrained result
+        assert_same(results[0], layout, run_ref(b, K=20, vocab_size=V))
+
+
 def test_temperature_logprobs_full_vocabulary():
     """Unfiltered random rows that report logprobs: the top-K list comes from a pool of ~5000
     candidates (256 a chunk, for the sampled token's rank). A token drawn below every floor has
