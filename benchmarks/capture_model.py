@@ -3,7 +3,7 @@ lists (which says the tile it reads them back in: `floors.capture_hot`) and how 
 row's pool gets, for a benchmark setting over `randn * 3` logits.
 
 Usage: python3 -m benchmarks.capture_model [--mode top_p|top_k|logprobs_5|logprobs_20]
-       [--vocab 152064] [--rows 64]
+       [--vocab 152064] [--dtype float32|bfloat16] [--rows 64]
 
 It follows `floors.capture_above_floors` for rows without a bitmask, with a row's programs run
 in order (at large batch the grid runs a row's programs one batch-wide wave after another): the
@@ -18,6 +18,7 @@ from __future__ import annotations
 import argparse
 
 import numpy as np
+import torch
 
 from graphshard.sample.floors import (FLOOR_LANES, FLOOR_PIVOTS, FLOOR_PASSES, FLOOR_RADIX_BITS,
                                       HOT_FEW, HOT_SOME, SMALL_FLOOR_LANES)
@@ -49,8 +50,10 @@ def refine_floor(lanes: np.ndarray, need: int, low: float) -> float:
     return low + step * max(reached - 1, 0)
 
 
-def model(mode: str, vocab: int, rows: int, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
-    """-> (hot lanes of every program, pool entries of every row)."""
+def model(mode: str, vocab: int, rows: int, dtype: str = "float32",
+          seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
+    """-> (hot lanes of every program, pool entries of every row). bfloat16 logits are the
+    fp32 ones rounded (more ties, so more lanes reach a cut)."""
     rs = np.random.default_rng(seed)
     splits = -(-vocab // CHUNK_SIZE)
     programs = -(-splits // GROUP)
@@ -58,6 +61,8 @@ def model(mode: str, vocab: int, rows: int, seed: int = 0) -> tuple[np.ndarray, 
     for _ in range(rows):
         x = np.full(splits * CHUNK_SIZE, -np.inf, np.float32)
         x[:vocab] = rs.standard_normal(vocab).astype(np.float32) * 3
+        if dtype != "float32":
+            x = torch.from_numpy(x).to(getattr(torch, dtype)).float().numpy()
         cut, pool = None, 0
         for p in range(programs):
             cols = x[p * GROUP * CHUNK_SIZE:(p + 1) * GROUP * CHUNK_SIZE]
@@ -93,10 +98,12 @@ def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--mode", default="top_p", choices=sorted(NEEDS))
     parser.add_argument("--vocab", type=int, default=152064)
+    parser.add_argument("--dtype", default="float32", choices=("float32", "bfloat16", "float16"))
     parser.add_argument("--rows", type=int, default=64)
     args = parser.parse_args(argv)
-    hot, pools = model(args.mode, args.vocab, args.rows)
-    print(f"{args.mode}, V = {args.vocab}, {args.rows} rows, {GROUP} chunks per program")
+    hot, pools = model(args.mode, args.vocab, args.rows, args.dtype)
+    print(f"{args.mode}, V = {args.vocab} {args.dtype}, {args.rows} rows, {GROUP} chunks per "
+          "program")
     print(f"hot lanes per program: mean {hot.mean():.0f}, median {np.median(hot):.0f}, "
           f"p90 {np.percentile(hot, 90):.0f}, max {hot.max()}")
     tiles, counts = np.unique([tile(h) for h in hot], return_counts=True)

@@ -8,8 +8,8 @@ from graphshard.sample.workspace import HOT_LANES, HOT_TILE
 
 
 def test_programs_list_at_least_their_need_and_rows_pool_it():
-    for mode, need in (("logprobs_5", 5), ("top_k", 50)):
-        hot, pools = capture_model.model(mode, vocab=40000, rows=2)
+    for mode, need, dtype in (("logprobs_5", 5, "float32"), ("top_k", 50, "bfloat16")):
+        hot, pools = capture_model.model(mode, vocab=40000, rows=2, dtype=dtype)
         # A row's first program publishes a floor at or below its need-th largest lane; later
         # ones capture above the row's cut, which may leave them fewer.
         assert len(hot) == 2 * 3 and (hot[::3] >= need).all(), (mode, hot)
