@@ -432,8 +432,8 @@ def _settle_row(row, drawn_before, pool, top, records, draft_ptr, workspace, req
     `resolve.settle_token` takes them); `pool`: the row's (partials, pool count, pool logits,
     pool ids, stats); `request`: (request, row within it, its first row, its rows);
     `drawn_before`: see `resolve.settle_token`."""
-    row_ptr, _mask_row, _mask_on, _key, _inv_temp, top_k, _top_p, _min_p, num_logprobs, \
-        _random, filtered = row
+    row_ptr, _mask_row, mask_on, _key, _inv_temp, top_k, _top_p, _min_p, num_logprobs, \
+        is_random, filtered = row
     req, r, first_row, m = request
     part = pool[0]
     TILE: tl.constexpr = pool_tile(CAP, K)
@@ -445,8 +445,13 @@ def _settle_row(row, drawn_before, pool, top, records, draft_ptr, workspace, req
     rec_ptr = records_ptr + req.to(tl.int64) * records_stride
     if K > 0:
         if num_logprobs > 0:
-            settle_logprobs(pool, top, rec_ptr, row_ptr, r, token, num_logprobs, VOCAB, M, K,
-                            SPLITS, CAP, TILE, BLOCK, SMALL_BLOCK)
+            # A greedy token is the argmax of the masked logits: without a bitmask, the row's
+            # largest raw logit.
+            at_max = ~is_random
+            if HAS_BITMASK:
+                at_max = at_max & (mask_on == 0)  # a constant True without a step flag
+            settle_logprobs(pool, top, rec_ptr, row_ptr, r, token, at_max, num_logprobs, VOCAB,
+                            M, K, SPLITS, CAP, TILE, BLOCK, SMALL_BLOCK)
     if M == 1:
         assemble_record(rec_ptr, token, has_nan(part, SPLITS), 0, num_logprobs, M, K)
     else:

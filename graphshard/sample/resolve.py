@@ -276,26 +276,27 @@ def searched_thresholds(pool_x, pool_id, n_cand, whole, all_in, below, norm, inv
 
 
 @triton.jit
-def settle_logprobs(pool, top, rec_ptr, row_ptr, r, token, num, VOCAB: tl.constexpr,
+def settle_logprobs(pool, top, rec_ptr, row_ptr, r, token, at_max, num, VOCAB: tl.constexpr,
                     M: tl.constexpr, K: tl.constexpr, SPLITS: tl.constexpr, CAP: tl.constexpr,
                     TILE: tl.constexpr, BLOCK: tl.constexpr, SMALL_BLOCK: tl.constexpr):
     """Row r's logprob fields: the top-K list and the token's logprob from the pool when it
     holds every token they need, its rank when the token lies above every floor; whole-row
-    passes for what the pool cannot prove."""
+    passes for what the pool cannot prove. `at_max`: the token is the row's largest raw logit
+    (a greedy row without a bitmask), so its logit is the chunks' maximum and its rank 1."""
     if SPLITS == 1:
         ids, vals, token_logprob, rank = logprob_row(row_ptr, VOCAB, token, SMALL_BLOCK,
                                                      padded(K))
         store_logprobs(rec_ptr, r, ids, vals, token_logprob, rank, num, M, K)
     else:
-        _settle_logprobs_from_pool(pool, top, rec_ptr, row_ptr, r, token, num, VOCAB, M, K,
-                                   SPLITS, CAP, TILE, BLOCK, SMALL_BLOCK)
+        _settle_logprobs_from_pool(pool, top, rec_ptr, row_ptr, r, token, at_max, num, VOCAB,
+                                   M, K, SPLITS, CAP, TILE, BLOCK, SMALL_BLOCK)
 
 
 @triton.jit
-def _settle_logprobs_from_pool(pool, top, rec_ptr, row_ptr, r, token, num, VOCAB: tl.constexpr,
-                               M: tl.constexpr, K: tl.constexpr, SPLITS: tl.constexpr,
-                               CAP: tl.constexpr, TILE: tl.constexpr, BLOCK: tl.constexpr,
-                               SMALL_BLOCK: tl.constexpr):
+def _settle_logprobs_from_pool(pool, top, rec_ptr, row_ptr, r, token, at_max, num,
+                               VOCAB: tl.constexpr, M: tl.constexpr, K: tl.constexpr,
+                               SPLITS: tl.constexpr, CAP: tl.constexpr, TILE: tl.constexpr,
+                               BLOCK: tl.constexpr, SMALL_BLOCK: tl.constexpr):
     K_P: tl.constexpr = padded(K)
     part, n_pool, pool_x, pool_id, stats = pool
     n_cand = tl.maximum(tl.minimum(n_pool, CAP), 0)
@@ -315,10 +316,17 @@ def _settle_logprobs_from_pool(pool, top, rec_ptr, row_ptr, r, token, num, VOCAB
     last_x = tl.max(tl.where(at == num - 1, xs, float("-inf")), axis=0)
     # The list is exact when its last needed entry is finite and at or above every floor.
     list_ok = whole & (last_x > float("-inf")) & (last_x >= floor_r)
-    tok_x = tl.load(row_ptr + _token_index(token, VOCAB)).to(tl.float32)
-    tok_x = tl.where(tok_x != tok_x, float("-inf"), tok_x)
+    if at_max:
+        # No load of the token's logit: at large batch the row left L2 long ago, and the
+        # round trip to memory came after the pool's sorts.
+        tok_x = max_r
+    else:
+        tok_x = tl.load(row_ptr + _token_index(token, VOCAB)).to(tl.float32)
+        tok_x = tl.where(tok_x != tok_x, float("-inf"), tok_x)
     if list_ok:
-        if whole & (tok_x >= floor_r):
+        if at_max:
+            rank = 1  # no raw logit lies above the row's maximum
+        elif whole & (tok_x >= floor_r):
             rank = 1 + count_raw_above(pool_x, pool_id, n_cand, tok_x, CAP, TILE)
         else:
             rank = 1 + count_row(row_ptr, row_ptr, False, VOCAB, 1.0, float("inf"), 0.0, tok_x,
