@@ -5,7 +5,8 @@
 # their kernels taken from the Triton cache phase 1 filled.
 # Usage: OUT=dir [BUDGET=560] [TEST_TREE=.] [TEST_FILES=tests/gpu/test_sampler_gpu.py]
 #        [TEST_K="pytest -k expression"] bash benchmarks/ab_call.sh TREE... -- profile_kernels args
-# No TEST_K: no tests. Files under $OUT: times.txt (the GPU's clocks, when each phase ended and
+# No TEST_K: no tests. Arguments profile_kernels refuses (`--check`) and a TEST_K that selects
+# no test stop the call first, before anything compiles. Files under $OUT: times.txt (the GPU's clocks, when each phase ended and
 # its exit status), warm_<tree>.txt, tests.txt, ab.txt (the summary) and ab_trees.tgz.
 set -u
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 PYTHONUNBUFFERED=1
@@ -16,6 +17,16 @@ while [[ $# -gt 0 && $1 != "--" ]]; do trees+=("$1"); shift; done
   echo "usage: $0 TREE... -- profile_kernels args" >&2; exit 2; }
 export OUT=${OUT:-out}
 mkdir -p "$OUT" || exit 2
+# A typo in the timing's arguments or a -k that selects nothing is refused here, in seconds,
+# before the call's time goes into compiling.
+root=$(cd "$(dirname "$0")/.." && pwd)
+(cd "$root" && python3 -m benchmarks.profile_kernels "$@" --check) || exit 2
+if [[ -n ${TEST_K:-} ]]; then
+  selected=$(cd "${TEST_TREE:-.}" && python3 -m pytest --collect-only -q -p no:cacheprovider \
+    ${TEST_FILES:-tests/gpu/test_sampler_gpu.py} -k "$TEST_K" 2>/dev/null | grep -c "::")
+  [[ $selected -gt 0 ]] || { echo "TEST_K=$TEST_K selects no test" >&2; exit 2; }
+  echo "TEST_K selects $selected tests" >&2
+fi
 budget=${BUDGET:-560}
 export TRITON_CACHE_DIR=${TRITON_CACHE_DIR:-$(mktemp -d)}
 log=$OUT/times.txt

@@ -71,7 +71,7 @@ def step_kernels(vocab, dtype, batches, device) -> list[dict]:
 def main(argv=None):
     parser = argparse.ArgumentParser()
     parser.add_argument("--vocab", type=int, default=152064)
-    parser.add_argument("--dtype", default="float32")
+    parser.add_argument("--dtype", default="float32", choices=("float32", "bfloat16", "float16"))
     parser.add_argument("--modes", default="greedy,top_k,top_p,top_k_top_p,min_p,logprobs_20")
     parser.add_argument("--batches", default="1,32,256,1024")
     parser.add_argument("--k", type=int, default=None,
@@ -82,7 +82,19 @@ def main(argv=None):
     parser.add_argument("--splits-per-program", type=int, default=None,
                         help="vocabulary chunks per scan program (default: the sampler's choice)")
     parser.add_argument("--out", default=None)
+    parser.add_argument("--check", action="store_true",
+                        help="check the arguments and exit (no GPU needed): a device call's "
+                             "script can refuse a typo before it spends the call")
     args = parser.parse_args(argv)
+    unknown = [m for m in args.modes.split(",") if m not in MODES]
+    if unknown:
+        parser.error(f"unknown modes {unknown}; known: {sorted(MODES)}")
+    try:
+        [int(b) for b in args.batches.split(",")]
+    except ValueError:
+        parser.error(f"--batches must be integers separated by commas, got {args.batches!r}")
+    if args.check:
+        return
     device = torch.device("cuda")
     dtype = getattr(torch, args.dtype)
     batches = [int(b) for b in args.batches.split(",")]
