@@ -6,8 +6,9 @@
 # Usage: OUT=dir [BUDGET=560] [TEST_TREE=.] [TEST_FILES=tests/gpu/test_sampler_gpu.py]
 #        [TEST_K="pytest -k expression"] bash benchmarks/ab_call.sh TREE... -- profile_kernels args
 # No TEST_K: no tests. Arguments profile_kernels refuses (`--check`) and a TEST_K that selects
-# no test stop the call first, before anything compiles. Files under $OUT: times.txt (the GPU's clocks, when each phase ended and
-# its exit status), warm_<tree>.txt, tests.txt, ab.txt (the summary) and ab_trees.tgz.
+# no test stop the call first, before anything compiles. Files under $OUT: times.txt (the
+# GPU's clocks, when each phase ended and its exit status), warm_<tree>.txt, tests.txt, ab.txt
+# (the summary) and ab_trees.tgz.
 set -u
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 PYTHONUNBUFFERED=1
 trees=()
