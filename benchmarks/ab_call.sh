@@ -22,9 +22,10 @@ mkdir -p "$OUT" || exit 2
 # before the call's time goes into compiling.
 root=$(cd "$(dirname "$0")/.." && pwd)
 (cd "$root" && python3 -m benchmarks.profile_kernels "$@" --check) || exit 2
+test_tree=${TEST_TREE:-.} test_files=${TEST_FILES:-tests/gpu/test_sampler_gpu.py}
 if [[ -n ${TEST_K:-} ]]; then
-  selected=$(cd "${TEST_TREE:-.}" && python3 -m pytest --collect-only -q -p no:cacheprovider \
-    ${TEST_FILES:-tests/gpu/test_sampler_gpu.py} -k "$TEST_K" 2>/dev/null | grep -c "::")
+  selected=$(cd "$test_tree" && python3 -m pytest --collect-only -q -p no:cacheprovider \
+    $test_files -k "$TEST_K" 2>/dev/null | grep -c "::")
   [[ $selected -gt 0 ]] || { echo "TEST_K=$TEST_K selects no test" >&2; exit 2; }
   echo "TEST_K selects $selected tests" >&2
 fi
@@ -42,8 +43,8 @@ for tree in "${trees[@]}"; do
    echo "warm $name rc=$? ${SECONDS}s" >> "$log") &
 done
 if [[ -n ${TEST_K:-} ]]; then
-  (cd "${TEST_TREE:-.}" && timeout -k 5 "$phase1" python3 -m pytest -q -rs -p no:cacheprovider \
-     ${TEST_FILES:-tests/gpu/test_sampler_gpu.py} -k "$TEST_K" > "$OUT/tests.txt" 2>&1
+  (cd "$test_tree" && timeout -k 5 "$phase1" python3 -m pytest -q -rs -p no:cacheprovider \
+     $test_files -k "$TEST_K" > "$OUT/tests.txt" 2>&1
    echo "tests rc=$? ${SECONDS}s" >> "$log") &
 fi
 wait

@@ -34,7 +34,7 @@ def radix_floor(lanes: np.ndarray, need: int) -> np.float32:
     passes decide."""
     value = np.sort(lanes)[::-1][need - 1].astype(np.float32)
     bits = int(value.view(np.uint32))
-    key = bits ^ 0x80000000 if value >= 0 else ~bits & 0xFFFFFFFF
+    key = ~bits & 0xFFFFFFFF if bits >> 31 else bits | 0x80000000  # by the sign bit, as -0.0
     key &= ~((1 << (32 - FLOOR_PASSES.value * FLOOR_RADIX_BITS.value)) - 1) & 0xFFFFFFFF
     bits = key ^ 0x80000000 if key & 0x80000000 else ~key & 0xFFFFFFFF
     return np.uint32(bits).view(np.float32)

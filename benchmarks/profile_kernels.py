@@ -90,14 +90,13 @@ def main(argv=None):
     if unknown:
         parser.error(f"unknown modes {unknown}; known: {sorted(MODES)}")
     try:
-        [int(b) for b in args.batches.split(",")]
+        batches = [int(b) for b in args.batches.split(",")]
     except ValueError:
         parser.error(f"--batches must be integers separated by commas, got {args.batches!r}")
     if args.check:
         return
     device = torch.device("cuda")
     dtype = getattr(torch, args.dtype)
-    batches = [int(b) for b in args.batches.split(",")]
     logits = make_logits(max(batches), args.vocab, dtype, device)
     rows = []
     for mode in args.modes.split(","):

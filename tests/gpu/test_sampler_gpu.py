@@ -39,6 +39,17 @@ def run_setting(name: str, dtype: torch.dtype, n: int, device: str):
     return ws
 
 
+def settings_batch(seed: int, dtype: torch.dtype):
+    """Every benchmark setting, 8 rows each, over `randn * 3` at full vocabulary -> (the
+    generator, for what the caller draws next; the batch)."""
+    rs = np.random.default_rng(seed)
+    params = [p for p in SETTINGS.values() for _ in range(8)]
+    b = make_batch(rs, params, dtype=dtype)
+    b.logits = (torch.from_numpy(rs.standard_normal((len(params), PV)).astype(np.float32))
+                * 3).to(dtype)
+    return rs, b
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("name", list(SETTINGS))
 def test_benchmark_settings_settle_from_candidates(name, dtype):
@@ -143,11 +154,8 @@ def test_chunks_per_program_change_no_result_full_vocabulary(dtype):
     """Every benchmark setting in one batch, sampled with one and with two vocabulary chunks per
     scan program (the large-batch default): the same record words, equal to the reference, all
     settled from candidates."""
-    rs = np.random.default_rng(13)
-    params = [p for p in SETTINGS.values() for _ in range(8)]
-    n = len(params)
-    b = make_batch(rs, params, dtype=dtype)
-    b.logits = (torch.from_numpy(rs.standard_normal((n, PV)).astype(np.float32)) * 3).to(dtype)
+    _, b = settings_batch(13, dtype)
+    n = len(b.params)
     results = []
     for group in (1, 2):
         ws = sampler.SamplerWorkspace.allocate(n, 1, V, "cuda")
@@ -164,11 +172,8 @@ def test_capped_finish_changes_no_result_full_vocabulary(dtype, monkeypatch):
     """Every benchmark setting in one batch, settled by a one-program finish with all the
     registers it asks for and with a large batch's cap (FINISH_CAPPED_ROWS): the same record
     words, bit for bit, equal to the reference."""
-    rs = np.random.default_rng(17)
-    params = [p for p in SETTINGS.values() for _ in range(8)]
-    n = len(params)
-    b = make_batch(rs, params, dtype=dtype)
-    b.logits = (torch.from_numpy(rs.standard_normal((n, PV)).astype(np.float32)) * 3).to(dtype)
+    _, b = settings_batch(17, dtype)
+    n = len(b.params)
     results = []
     for rows in (1 << 30, 1):
         monkeypatch.setattr(sampler, "FINISH_CAPPED_ROWS", rows)
@@ -187,12 +192,8 @@ def test_capped_bitmask_finish_changes_no_result_full_vocabulary(monkeypatch):
     same cap: a step with the bitmask flag off (the unconstrained result) and one with a dense
     random mask on, each with the same record words capped and uncapped, equal to the reference.
     One dtype: the flag is read at run time, so both steps share the two compiles."""
-    rs = np.random.default_rng(19)
-    params = [p for p in SETTINGS.values() for _ in range(8)]
-    n = len(params)
-    b = make_batch(rs, params, dtype=torch.bfloat16)
-    b.logits = (torch.from_numpy(rs.standard_normal((n, PV)).astype(np.float32)) * 3).to(
-        torch.bfloat16)
+    rs, b = settings_batch(19, torch.bfloat16)
+    n = len(b.params)
     # About one token in sixteen disallowed: the rows keep most of their candidates.
     words = sampler.bitmask_words(V)
     dense = ~(rs.integers(0, 2**32, size=(n, words), dtype=np.uint64)
