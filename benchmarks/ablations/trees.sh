@@ -2,8 +2,8 @@
 # Build the trees of an ablation from git revisions, before a GPU run (the GPU machine gets a
 # copy of the working tree without the repository's history).
 # Usage: bash benchmarks/ablations/trees.sh DIR NAME=REV[+PATCH...]...
-# Each tree DIR/NAME is REV's project files (graphshard, benchmarks, tests, configs,
-# pyproject.toml) with the named patches of this folder applied (file names without .patch).
+# Each tree DIR/NAME is REV's project files (graphshard, benchmarks without its results, tests,
+# configs, pyproject.toml) with the named patches of this folder applied (file names without .patch).
 # DIR must not be ignored by git, so that the trees travel with the working tree; delete it
 # before committing. Then, for example:
 #   OUT=$OUT bash benchmarks/ab_call.sh DIR/base DIR/new -- --modes greedy --batches 1 --no-step
@@ -20,7 +20,7 @@ for spec in "$@"; do
   tree=$dir/$name
   rm -rf "$tree" && mkdir -p "$tree"
   git -C "$root" archive "$rev" graphshard benchmarks tests configs pyproject.toml \
-    | tar -x -C "$tree"
+    | tar -x -C "$tree" --exclude=benchmarks/results
   for p in "${parts[@]:1}"; do
     (cd "$tree" && patch -p1 -s < "$here/$p.patch") || { echo "$p.patch does not apply to $rev" >&2; exit 2; }
   done
