@@ -1,13 +1,16 @@
 #!/usr/bin/env bash
 # One GPU call of an ablation, within one device call's time: phase 1 compiles every tree's
-# kernels (`benchmarks.profile_kernels` at one mode) while the GPU tests run on one tree; phase 2
+# kernels (`benchmarks.prebuild`, then `benchmarks.profile_kernels` at one mode) while the GPU
+# tests run on one tree; phase 2
 # times the trees alone with benchmarks/ab_trees.sh (two rounds, ABBA, no warm-up of its own),
 # their kernels taken from the Triton cache phase 1 filled.
-# Usage: OUT=dir [BUDGET=560] [TEST_TREE=.] [TEST_FILES=tests/gpu/test_sampler_gpu.py]
+# Usage: OUT=dir [BUDGET=560] [TRITON_CACHE_DIR=.triton_cache] [TEST_TREE=.]
+#        [TEST_FILES=tests/gpu/test_sampler_gpu.py]
 #        [TEST_K="pytest -k expression"] bash benchmarks/ab_call.sh TREE... -- profile_kernels args
 # No TEST_K: no tests. Arguments profile_kernels refuses (`--check`) and a TEST_K that selects
 # no test stop the call first, before anything compiles. Files under $OUT: times.txt (the
-# GPU's clocks, when each phase ended and its exit status), warm_<tree>.txt, tests.txt, ab.txt
+# GPU's clocks, the cache's size, when each phase ended and its exit status), build_<tree>.txt
+# (seconds per kernel variant), warm_<tree>.txt, tests.txt, ab.txt
 # (the summary) and ab_trees.tgz.
 set -u
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 PYTHONUNBUFFERED=1
@@ -31,15 +34,24 @@ if [[ -n ${TEST_K:-} ]]; then
 fi
 budget=${BUDGET:-560}
 export TRITON_CACHE_DIR=${TRITON_CACHE_DIR:-$(mktemp -d)}
+mkdir -p "$TRITON_CACHE_DIR" && TRITON_CACHE_DIR=$(cd "$TRITON_CACHE_DIR" && pwd)
 log=$OUT/times.txt
 nvidia-smi --query-gpu=name,clocks.sm,clocks.mem --format=csv > "$log" 2>&1
+# A cache built ahead on another machine (benchmarks/prebuild.py) names its files by the paths
+# they had there.
+(cd "$root" && python3 -m benchmarks.prebuild --relocate) >> "$log" 2>&1
 SECONDS=0
 # Compiling takes most of phase 1; the tests get what is left of it after the timing's share.
+# Each tree's kernel variants compile in parallel over the machine's cores (seconds when the
+# carried cache has them), then one run at one mode loads them and builds Triton's launchers.
 phase1=$((budget * 2 / 3))
+jobs=$(( $(nproc) / ${#trees[@]} )); (( jobs > 0 )) || jobs=1
 for tree in "${trees[@]}"; do
   name=$(basename "$tree")
-  (cd "$tree" && timeout -k 5 "$phase1" python3 -m benchmarks.profile_kernels "$@" \
-     --modes greedy > "$OUT/warm_$name.txt" 2>&1
+  (cd "$tree" && TRITON_INTERPRET=0 timeout -k 5 "$phase1" python3 -m benchmarks.prebuild      --jobs "$jobs" "$@" > "$OUT/build_$name.txt" 2>&1
+   echo "build $name rc=$? ${SECONDS}s" >> "$log"
+   timeout -k 5 $(( phase1 > SECONDS ? phase1 - SECONDS : 1 )) python3 -m benchmarks.profile_kernels \
+     "$@" --modes greedy > "$OUT/warm_$name.txt" 2>&1
    echo "warm $name rc=$? ${SECONDS}s" >> "$log") &
 done
 if [[ -n ${TEST_K:-} ]]; then

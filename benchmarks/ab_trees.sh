@@ -33,7 +33,9 @@ export OUT=${OUT:-out}
 mkdir -p "$OUT" || exit 2
 out=$(cd "$OUT" && pwd)
 cd "$(dirname "$0")/.."
-work=$(mktemp -d)
+# Under $OUT, so that the runs finished before a timeout still come back.
+work=$out/ab_work
+rm -rf "$work" && mkdir -p "$work"
 status=0
 # WARM=0: the caller compiled every tree already (benchmarks/ab_call.sh).
 if [[ ${WARM:-1} != 0 ]]; then

@@ -68,7 +68,9 @@ def step_kernels(vocab, dtype, batches, device) -> list[dict]:
     return rows
 
 
-def main(argv=None):
+def parse_args(argv=None) -> argparse.Namespace:
+    """The run's arguments, checked (no GPU needed); `batches` parsed into a list of ints.
+    `benchmarks.prebuild` takes the same ones."""
     parser = argparse.ArgumentParser()
     parser.add_argument("--vocab", type=int, default=152064)
     parser.add_argument("--dtype", default="float32", choices=("float32", "bfloat16", "float16"))
@@ -90,29 +92,37 @@ def main(argv=None):
     if unknown:
         parser.error(f"unknown modes {unknown}; known: {sorted(MODES)}")
     try:
-        batches = [int(b) for b in args.batches.split(",")]
+        args.batches = [int(b) for b in args.batches.split(",")]
     except ValueError:
         parser.error(f"--batches must be integers separated by commas, got {args.batches!r}")
-    if args.check:
-        return
-    device = torch.device("cuda")
-    dtype = getattr(torch, args.dtype)
-    logits = make_logits(max(batches), args.vocab, dtype, device)
-    rows = []
+    return args
+
+
+def sampler_calls(args: argparse.Namespace, device):
+    """(what, batch, call, workspace) of every (mode, batch) the arguments name, in order."""
+    logits = make_logits(max(args.batches), args.vocab, getattr(torch, args.dtype), device)
     for mode in args.modes.split(","):
-        for batch in batches:
+        for batch in args.batches:
             k = args.k if args.k is not None else MAX_LOGPROBS if MODES[mode].num_logprobs else 0
             call, ws = sampler_call(logits[:batch], args.vocab, MODES[mode], k, device,
                                     bitmask=args.bitmask,
                                     splits_per_program=args.splits_per_program)
-            what = f"sampler_{mode}" + ("_bitmask" if args.bitmask else "")
-            for name, us in kernel_us(call).items():
-                rows.append(dict(what=what, batch=batch, kernel=name, us=us))
-            # Rows of all the calls above that left the candidate path (see SamplerWorkspace).
-            rows.append(dict(what=what, batch=batch, kernel="paths", us=0.0,
-                             paths=ws.paths()))
+            yield f"sampler_{mode}" + ("_bitmask" if args.bitmask else ""), batch, call, ws
+
+
+def main(argv=None):
+    args = parse_args(argv)
+    if args.check:
+        return
+    device = torch.device("cuda")
+    rows = []
+    for what, batch, call, ws in sampler_calls(args, device):
+        for name, us in kernel_us(call).items():
+            rows.append(dict(what=what, batch=batch, kernel=name, us=us))
+        # Rows of all the calls above that left the candidate path (see SamplerWorkspace).
+        rows.append(dict(what=what, batch=batch, kernel="paths", us=0.0, paths=ws.paths()))
     if not args.no_step:
-        rows += step_kernels(args.vocab, dtype, batches, device)
+        rows += step_kernels(args.vocab, getattr(torch, args.dtype), args.batches, device)
     for r in rows:
         if r["kernel"] == "paths":
             print(f"{r['what']:>24s} b={r['batch']:<5d} paths {r['paths']}")

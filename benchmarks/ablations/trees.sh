@@ -21,6 +21,8 @@ for spec in "$@"; do
   rm -rf "$tree" && mkdir -p "$tree"
   git -C "$root" archive "$rev" graphshard benchmarks tests configs pyproject.toml \
     | tar -x -C "$tree" --exclude=benchmarks/results
+  # Every tree is timed and compiled ahead (benchmarks/prebuild.py) by the tip's scripts.
+  cp "$root/benchmarks/profile_kernels.py" "$root/benchmarks/prebuild.py" "$tree/benchmarks/"
   for p in "${parts[@]:1}"; do
     (cd "$tree" && patch -p1 -s < "$here/$p.patch") || { echo "$p.patch does not apply to $rev" >&2; exit 2; }
   done

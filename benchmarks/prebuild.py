@@ -1,0 +1,175 @@
+"""Compile the sampler kernels of a `benchmarks.profile_kernels` run for sm_90 (H100/H200) into
+the Triton cache ahead of the GPU run, on any machine. The sampler's launchers run on CPU
+tensors while Triton's cache hook (`knobs.runtime.jit_cache_hook`) records each missing kernel
+specialisation and skips it (nothing launches); worker processes then compile the records in
+parallel with `JITFunction.preload`, Triton's way to fill its cache from such records, so the
+entries are those a launch on the GPU looks up. It needs nothing of the tree it runs in but
+`benchmarks.profile_kernels` and `sampling_modes`, so older trees of an ablation can be built
+too (`PYTHONPATH=TREE` from the root).
+
+Why: compiled one after another, as a launch finds each missing, one source tree's sampler
+variants for a few batches took over six minutes on the GPU machine, most of a device call.
+Built here, the cache folder travels with the working tree (a device call's `carry`) and the
+run finds every kernel compiled; on the GPU machine itself, `--jobs` compiles them on all its
+cores at once.
+
+Usage: TRITON_INTERPRET=0 TRITON_CACHE_DIR=DIR python3 -m benchmarks.prebuild [--jobs N] [--arch 90]
+       [profile_kernels args: --vocab --dtype --modes --batches --k --bitmask
+        --splits-per-program]
+       TRITON_CACHE_DIR=DIR python3 -m benchmarks.prebuild --relocate
+Run it from each source tree to be timed, with the same DIR: the cache is keyed by the
+kernels' source. Prints one line per kernel compiled (seconds; well under one when DIR had it).
+Then `--relocate`, here and again on the GPU machine before the run: Triton's cache names each
+entry's files by absolute path, and a launch loads only the machine code and its metadata, so
+it drops the intermediate files (a big finish variant's 14 MB become 2) and points the entries
+at DIR where it now lies. The cache only hits with the same Triton build on both machines (the
+key hashes its files and its ptxas version); the engine step's own kernels are not covered.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import multiprocessing
+import os
+import queue
+import sys
+import time
+from pathlib import Path
+
+import torch
+import triton
+from triton import knobs
+from triton.backends.compiler import GPUTarget
+
+from benchmarks.profile_kernels import parse_args, sampler_calls
+
+
+class CompileOnlyDriver:
+    """What Triton's launch path asks of a driver before it compiles: a device, a stream and
+    the target. Nothing here can launch."""
+
+    def __init__(self, arch: int):
+        self.target = GPUTarget("cuda", arch, 32)
+
+    def get_current_device(self):
+        return 0
+
+    def get_current_stream(self, device=None):
+        return 0
+
+    def get_current_target(self):
+        return self.target
+
+
+def collect(calls) -> list[tuple]:
+    """(kernel name, jit function, specialisation record) of each distinct kernel that the
+    zero-argument `calls` would compile, in the order first met; nothing runs."""
+    found = {}
+
+    def record(*, key, fn, compile, is_manual_warmup, **_):
+        if is_manual_warmup:  # a `preload` of ours: let it compile
+            return False
+        found.setdefault((fn.name, str(key)), (fn.name, fn.jit_function,
+                                               compile["specialization_data"]))
+        return True  # skip the compile, and with it the launch
+
+    knobs.runtime.jit_cache_hook = record
+    try:
+        for call in calls:
+            call()
+    finally:
+        knobs.runtime.jit_cache_hook = None
+    return list(found.values())
+
+
+def _compile_some(items, todo, done):
+    while (i := todo.get()) is not None:
+        name, fn, data = items[i]
+        start = time.perf_counter()
+        fn.preload(data)
+        done.put((i, name, time.perf_counter() - start))
+
+
+def compile_all(items: list[tuple], jobs: int) -> list[tuple]:
+    """(index, name, seconds) per item, compiled by `jobs` forked workers (they inherit the
+    records; nothing is pickled)."""
+    ctx = multiprocessing.get_context("fork")
+    todo, done = ctx.Queue(), ctx.Queue()
+    for i in range(len(items)):
+        todo.put(i)
+    for _ in range(jobs):
+        todo.put(None)
+    workers = [ctx.Process(target=_compile_some, args=(items, todo, done)) for _ in range(jobs)]
+    for w in workers:
+        w.start()
+    results = []
+    while len(results) < len(items):
+        try:
+            results.append(done.get(timeout=5))
+        except queue.Empty:
+            if not any(w.is_alive() for w in workers):
+                break
+            continue
+        print(f"{results[-1][1]:>24s} #{results[-1][0]:<3d} {results[-1][2]:7.1f} s", flush=True)
+    for w in workers:
+        w.join()
+    if len(results) < len(items) or any(w.exitcode for w in workers):
+        sys.exit(f"compiled {len(results)} of {len(items)} kernels: worker exit codes "
+                 f"{[w.exitcode for w in workers]}")
+    return results
+
+
+# What a launch loads from a cache entry: the metadata and the machine code (`CompiledKernel`).
+KEPT_SUFFIXES = (".json", ".cubin")
+
+
+def relocate(cache_dir: Path) -> tuple[int, int]:
+    """Point every cache entry's group file at `cache_dir` and delete the files a launch does not
+    load; returns (entries, bytes left)."""
+    entries = 0
+    for group in cache_dir.glob("*/__grp__*.json"):
+        children = json.loads(group.read_text())["child_paths"]
+        kept = {}
+        for name in children:
+            path = group.parent / name
+            if path.suffix in KEPT_SUFFIXES:
+                kept[name] = str(path.resolve())
+            else:
+                path.unlink(missing_ok=True)
+        group.write_text(json.dumps({"child_paths": kept}))
+        entries += 1
+    size = sum(f.stat().st_size for f in cache_dir.rglob("*") if f.is_file())
+    return entries, size
+
+
+def main(argv=None):
+    argv = list(sys.argv[1:] if argv is None else argv)
+    extra = argparse.ArgumentParser(add_help=False)
+    extra.add_argument("--jobs", type=int, default=os.cpu_count())
+    extra.add_argument("--arch", type=int, default=90)
+    extra.add_argument("--relocate", action="store_true",
+                       help="only point the cache's entries at where it lies, and prune them")
+    opts, rest = extra.parse_known_args(argv)
+    if "TRITON_CACHE_DIR" not in os.environ:
+        sys.exit("set TRITON_CACHE_DIR to the cache folder the GPU run will read")
+    if opts.relocate:
+        entries, size = relocate(Path(os.environ["TRITON_CACHE_DIR"]))
+        print(f"{entries} cache entries, {size / 2**20:.1f} MiB")
+        return
+    args = parse_args(rest)
+    if os.environ.get("TRITON_INTERPRET") == "1":
+        # Importing graphshard turns the interpreter on where there is no CUDA.
+        sys.exit("the kernels were loaded for the interpreter: run with TRITON_INTERPRET=0")
+    triton.runtime.driver.set_active(CompileOnlyDriver(opts.arch))
+    start = time.perf_counter()
+    items = collect(call for _, _, call, _ in sampler_calls(args, torch.device("cpu")))
+    if not items:
+        sys.exit("no kernel to compile: every one was in this process's memory already")
+    print(f"{len(items)} kernel variants; compiling with {opts.jobs} workers", flush=True)
+    compile_all(items, max(1, min(opts.jobs, len(items))))
+    print(f"done in {time.perf_counter() - start:.0f} s -> {os.environ['TRITON_CACHE_DIR']}")
+
+
+if __name__ == "__main__":
+    main()
