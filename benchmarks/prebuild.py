@@ -3,9 +3,9 @@ the Triton cache ahead of the GPU run, on any machine. The sampler's launchers r
 tensors while Triton's cache hook (`knobs.runtime.jit_cache_hook`) records each missing kernel
 specialisation and skips it (nothing launches); worker processes then compile the records in
 parallel with `JITFunction.preload`, Triton's way to fill its cache from such records, so the
-entries are those a launch on the GPU looks up. It needs nothing of the tree it runs in but
-`benchmarks.profile_kernels` and `sampling_modes`, so older trees of an ablation can be built
-too (`PYTHONPATH=TREE` from the root).
+entries are those a launch on the GPU looks up. It runs in the tree whose kernels it builds
+(that tree's `sampling_modes` sets the calls up); `benchmarks/ablations/trees.sh` copies it and
+`profile_kernels.py` into the older trees of an ablation.
 
 Why: compiled one after another, as a launch finds each missing, one source tree's sampler
 variants for a few batches took over six minutes on the GPU machine, most of a device call.
