@@ -64,7 +64,8 @@ class CompileOnlyDriver:
 
 def collect(calls) -> list[tuple]:
     """(kernel name, jit function, specialisation record) of each distinct kernel that the
-    zero-argument `calls` would compile, in the order first met; nothing runs."""
+    zero-argument `calls` would compile, in the order first met (the order `calls` launch
+    them in must be the GPU run's); nothing runs."""
     found = {}
 
     def record(*, key, fn, compile, is_manual_warmup, **_):
@@ -80,6 +81,13 @@ def collect(calls) -> list[tuple]:
             call()
     finally:
         knobs.runtime.jit_cache_hook = None
+    # Triton 3.6's key of a kernel depends on which kernels' keys the process computed before
+    # it: a caller folds in the constant globals of the helpers whose keys are already known,
+    # and not of those it computes itself (the scan's and the finish's keys both change with
+    # the order). A GPU run computes each key at its kernel's first launch; computed here in
+    # that order, before the workers fork, the keys are the run's.
+    for fn in dict.fromkeys(fn for _, fn, _ in found.values()):
+        fn.cache_key
     return list(found.values())
 
 
