@@ -14,9 +14,9 @@ shift
 trees=()
 while [[ $# -gt 0 && $1 != "--" ]]; do trees+=("$(cd "$1" && pwd)"); shift; done
 [[ $# -gt 0 ]] && shift
-# The second pass should find every variant (well under a second each). Building several trees
-# into one cache once gave a tree two variants it compiled again on the next pass (not traced;
-# one tree into an empty cache was stable over three passes): the check shows it here.
+# The second pass should find every variant (well under a second each): a variant it compiles
+# again had a key that depends on something besides the tree's source (Triton's keys depend on
+# the order a process computes them in; `benchmarks/prebuild.py` follows the launches' order).
 for pass in build check; do
   for tree in "${trees[@]}"; do
     echo "== $pass $tree"
