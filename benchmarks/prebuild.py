@@ -123,8 +123,8 @@ def compile_all(items: list[tuple], jobs: int) -> list[tuple]:
     for w in workers:
         w.join()
     if len(results) < len(items) or any(w.exitcode for w in workers):
-        sys.exit(f"compiled {len(results)} of {len(items)} kernels: worker exit codes "
-                 f"{[w.exitcode for w in workers]}")
+        raise RuntimeError(f"compiled {len(results)} of {len(items)} kernels: worker exit "
+                           f"codes {[w.exitcode for w in workers]}")
     return results
 
 
