@@ -1,9 +1,9 @@
 """Compile the sampler kernels of a `benchmarks.profile_kernels` run for sm_90 (H100/H200) into
 the Triton cache ahead of the GPU run, on any machine. The sampler's launchers run on CPU
 tensors while Triton's cache hook (`knobs.runtime.jit_cache_hook`) records each missing kernel
-specialisation and skips it (nothing launches); worker processes then compile the records in
-parallel with `JITFunction.preload`, Triton's way to fill its cache from such records, so the
-entries are those a launch on the GPU looks up. It runs in the tree whose kernels it builds
+specialisation and skips it (nothing launches); worker processes then compile them in
+parallel with `JITFunction.warmup` on the arguments kept from those launches, through Triton's
+launch path, so the entries are those a launch on the GPU looks up. It runs in the tree whose kernels it builds
 (that tree's `sampling_modes` sets the calls up); `benchmarks/ablations/trees.sh` copies it and
 `profile_kernels.py` into the older trees of an ablation.
 
@@ -22,18 +22,25 @@ kernels' source. Prints one line per kernel compiled (seconds; well under one wh
 Then `--relocate`, here and again on the GPU machine before the run: Triton's cache names each
 entry's files by absolute path, and a launch loads only the machine code and its metadata, so
 it drops the intermediate files (a big finish variant's 14 MB become 2) and points the entries
-at DIR where it now lies. The cache only hits with the same Triton build on both machines (the
-key hashes its files and its ptxas version); the engine step's own kernels are not covered.
+at DIR where it now lies. The cache only hits with the same Triton on both machines: the key hashes its
+Python files, its compiled library and its ptxas version. The GPU machine runs Python 3.12,
+whose wheel's library differs from another Python's; give `--libtriton` that wheel's
+`triton/_C/libtriton.so` (`python3 -m pip download triton==3.6.0 --no-deps --only-binary=:all:
+--python-version 3.12 --platform manylinux_2_27_x86_64 --platform manylinux_2_28_x86_64 -d DIR`,
+then `unzip -j DIR/triton-*.whl triton/_C/libtriton.so -d .triton_lib/cp312`). The engine
+step's own kernels are not covered.
 """
 
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import multiprocessing
 import os
 import queue
 import sys
+import sysconfig
 import time
 from pathlib import Path
 
@@ -43,6 +50,7 @@ from triton import knobs
 from triton.backends.compiler import GPUTarget
 
 from benchmarks.profile_kernels import parse_args, sampler_calls
+from graphshard.sample.kernels import _finish_kernel, _scan_kernel
 
 
 class CompileOnlyDriver:
@@ -62,40 +70,53 @@ class CompileOnlyDriver:
         return self.target
 
 
-def collect(calls) -> list[tuple]:
-    """(kernel name, jit function, specialisation record) of each distinct kernel that the
-    zero-argument `calls` would compile, in the order first met (the order `calls` launch
-    them in must be the GPU run's); nothing runs."""
-    found = {}
+def collect(calls, kernels) -> list[tuple]:
+    """(kernel name, jit function, args, kwargs) of each distinct specialisation of `kernels`
+    that the zero-argument `calls` would compile, in the order first met (the order `calls`
+    launch them in must be the GPU run's); nothing runs. The arguments are kept whole (tensors
+    too): `JITFunction.warmup` then compiles through the launch path itself (a record for
+    `JITFunction.preload` would lose a NamedTuple argument's field names)."""
+    found, last = {}, {}
 
-    def record(*, key, fn, compile, is_manual_warmup, **_):
-        if is_manual_warmup:  # a `preload` of ours: let it compile
+    def remember(kernel):
+        def hook(*args, **kwargs):
+            last[kernel] = (args, kwargs)
+        return hook
+
+    def record(*, key, fn, is_manual_warmup, **_):
+        if is_manual_warmup:  # a worker's compile: let it through
             return False
-        found.setdefault((fn.name, str(key)), (fn.name, fn.jit_function,
-                                               compile["specialization_data"]))
+        args, kwargs = last[fn.jit_function]
+        found.setdefault((fn.name, str(key)), (fn.name, fn.jit_function, args, kwargs))
         return True  # skip the compile, and with it the launch
 
+    hooks = [(k, remember(k)) for k in kernels]
+    for k, hook in hooks:
+        k.add_pre_run_hook(hook)
     knobs.runtime.jit_cache_hook = record
     try:
         for call in calls:
             call()
     finally:
         knobs.runtime.jit_cache_hook = None
+        for k, hook in hooks:
+            k.pre_run_hooks.remove(hook)
     # Triton 3.6's key of a kernel depends on which kernels' keys the process computed before
     # it: a caller folds in the constant globals of the helpers whose keys are already known,
     # and not of those it computes itself (the scan's and the finish's keys both change with
     # the order). A GPU run computes each key at its kernel's first launch; computed here in
     # that order, before the workers fork, the keys are the run's.
-    for fn in dict.fromkeys(fn for _, fn, _ in found.values()):
+    for fn in dict.fromkeys(fn for _, fn, _, _ in found.values()):
         fn.cache_key
     return list(found.values())
 
 
 def _compile_some(items, todo, done):
     while (i := todo.get()) is not None:
-        name, fn, data = items[i]
+        name, fn, args, kwargs = items[i]
         start = time.perf_counter()
-        fn.preload(data)
+        with torch._C.DisableTorchFunction():  # as `runtime.launch` launches
+            fn.warmup(*args, grid=(1,), **kwargs)
         done.put((i, name, time.perf_counter() - start))
 
 
@@ -128,6 +149,25 @@ def compile_all(items: list[tuple], jobs: int) -> list[tuple]:
     return results
 
 
+def key_for_library(libtriton: Path) -> None:
+    """Key this process's compiles for a machine whose Triton is this one but for its compiled
+    library: the wheel of the same version for another Python (the GPU machine's is 3.12).
+    Triton's cache key hashes that file with its Python sources (the same in both wheels, and
+    so are ptxas and libdevice), so only its hash is swapped."""
+    from triton.runtime import cache
+
+    def sha256(path: Path) -> str:
+        return hashlib.sha256(path.read_bytes()).hexdigest()
+
+    ext = sysconfig.get_config_var("EXT_SUFFIX").split(".")[-1]
+    here = Path(triton.__file__).parent / "_C" / f"libtriton.{ext}"
+    key = cache.triton_key()
+    if sha256(here) not in key:
+        raise RuntimeError("this Triton's cache key no longer hashes its library as expected")
+    swapped = key.replace(sha256(here), sha256(libtriton))
+    cache.triton_key = lambda: swapped
+
+
 # What a launch loads from a cache entry: the metadata and the machine code (`CompiledKernel`).
 KEPT_SUFFIXES = (".json", ".cubin")
 
@@ -156,6 +196,9 @@ def main(argv=None):
     extra = argparse.ArgumentParser(add_help=False)
     extra.add_argument("--jobs", type=int, default=os.cpu_count())
     extra.add_argument("--arch", type=int, default=90)
+    extra.add_argument("--libtriton", type=Path, default=None,
+                       help="the GPU machine's triton/_C/libtriton.so, where its Python differs "
+                            "from this one's (see the module's docstring)")
     extra.add_argument("--relocate", action="store_true",
                        help="only point the cache's entries at where it lies, and prune them")
     opts, rest = extra.parse_known_args(argv)
@@ -170,8 +213,11 @@ def main(argv=None):
         # Importing graphshard turns the interpreter on where there is no CUDA.
         sys.exit("the kernels were loaded for the interpreter: run with TRITON_INTERPRET=0")
     triton.runtime.driver.set_active(CompileOnlyDriver(opts.arch))
+    if opts.libtriton is not None:
+        key_for_library(opts.libtriton)
     start = time.perf_counter()
-    items = collect(call for _, _, call, _ in sampler_calls(args, torch.device("cpu")))
+    items = collect((call for _, _, call, _ in sampler_calls(args, torch.device("cpu"))),
+                    [_scan_kernel, _finish_kernel])
     if not items:
         sys.exit("no kernel to compile: every one was in this process's memory already")
     print(f"{len(items)} kernel variants; compiling with {opts.jobs} workers", flush=True)

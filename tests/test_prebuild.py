@@ -19,6 +19,8 @@ ROOT = Path(__file__).resolve().parents[1]
 
 SCRIPT = textwrap.dedent('''
     import json, sys
+    from pathlib import Path
+    from typing import NamedTuple
     import torch, triton, triton.language as tl
     from benchmarks import prebuild
 
@@ -33,25 +35,30 @@ SCRIPT = textwrap.dedent('''
         i = tl.arange(0, BLOCK)
         tl.store(x_ptr + i, _times(tl.load(x_ptr + i, mask=i < n)), mask=i < n)
 
+    class Buf(NamedTuple):  # as the sampler's bitmask argument
+        x: torch.Tensor
+
     @triton.jit
-    def _shift_kernel(x_ptr, n, BLOCK: tl.constexpr):
+    def _shift_kernel(buf, n, BLOCK: tl.constexpr):
         i = tl.arange(0, BLOCK)
-        tl.store(x_ptr + i, _times(tl.load(x_ptr + i, mask=i < n)) + 1.0, mask=i < n)
+        tl.store(buf.x + i, _times(tl.load(buf.x + i, mask=i < n)) + 1.0, mask=i < n)
 
     triton.runtime.driver.set_active(prebuild.CompileOnlyDriver(90))
     x = torch.ones(64)
     # n = 64 and 48 share a specialisation (divisible by 16), 63 does not; BLOCK 128 is another.
     # Both kernels call one helper, so each one's key depends on whether the other's is known.
-    launches = [(k, n, b) for n, b in ((64, 64), (48, 64), (63, 64), (64, 128))
-                for k in (_scale_kernel, _shift_kernel)]
-    if sys.argv[1] == "fill":
-        items = prebuild.collect([lambda k=k, n=n, b=b: k[(1,)](x, n, BLOCK=b)
-                                  for k, n, b in launches])
+    launches = [(k, a, n, b) for n, b in ((64, 64), (48, 64), (63, 64), (64, 128))
+                for k, a in ((_scale_kernel, x), (_shift_kernel, Buf(x)))]
+    if sys.argv[1] == "other":  # keyed for a machine whose Triton library is another file
+        prebuild.key_for_library(Path(sys.argv[0]))
+    if sys.argv[1] in ("fill", "other"):
+        items = prebuild.collect([lambda k=k, a=a, n=n, b=b: k[(1,)](a, n, BLOCK=b)
+                                  for k, a, n, b in launches], [_scale_kernel, _shift_kernel])
         prebuild.compile_all(items, len(items))  # a worker each: no worker saw another kernel
         json.dump({"items": len(items), "untouched": bool((x == 1).all())}, sys.stdout)
     else:  # what a GPU run's launches compile, one after another
-        for k, n, b in launches:
-            k.warmup(x, n, BLOCK=b, grid=(1,))
+        for k, a, n, b in launches:
+            k.warmup(a, n, BLOCK=b, grid=(1,))
         json.dump({}, sys.stdout)
 ''')
 
@@ -81,6 +88,9 @@ def test_cache_filled_as_launches_fill_it_pruned_and_moved_answers_without_compi
     launched = tmp_path / "launched"
     _run(tmp_path, launched, "warmup")
     assert {d.name for d in built.iterdir()} == {d.name for d in launched.iterdir()}
+    other = tmp_path / "other"
+    assert _run(tmp_path, other, "other")["items"] == 6
+    assert not {d.name for d in other.iterdir()} & {d.name for d in built.iterdir()}
     entries, _ = relocate(built)
     assert entries == 6
     moved = tmp_path / "moved"
