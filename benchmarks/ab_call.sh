@@ -48,7 +48,8 @@ phase1=$((budget * 2 / 3))
 jobs=$(( $(nproc) / ${#trees[@]} )); (( jobs > 0 )) || jobs=1
 for tree in "${trees[@]}"; do
   name=$(basename "$tree")
-  (cd "$tree" && TRITON_INTERPRET=0 timeout -k 5 "$phase1" python3 -m benchmarks.prebuild      --jobs "$jobs" "$@" > "$OUT/build_$name.txt" 2>&1
+  (cd "$tree" && TRITON_INTERPRET=0 timeout -k 5 "$phase1" python3 -m benchmarks.prebuild \
+     --jobs "$jobs" "$@" > "$OUT/build_$name.txt" 2>&1
    echo "build $name rc=$? ${SECONDS}s" >> "$log"
    timeout -k 5 $(( phase1 > SECONDS ? phase1 - SECONDS : 1 )) python3 -m benchmarks.profile_kernels \
      "$@" --modes greedy > "$OUT/warm_$name.txt" 2>&1

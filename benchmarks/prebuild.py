@@ -161,10 +161,10 @@ def key_for_library(libtriton: Path) -> None:
 
     ext = sysconfig.get_config_var("EXT_SUFFIX").split(".")[-1]
     here = Path(triton.__file__).parent / "_C" / f"libtriton.{ext}"
-    key = cache.triton_key()
-    if sha256(here) not in key:
+    key, ours = cache.triton_key(), sha256(here)
+    if ours not in key:
         raise RuntimeError("this Triton's cache key no longer hashes its library as expected")
-    swapped = key.replace(sha256(here), sha256(libtriton))
+    swapped = key.replace(ours, sha256(libtriton))
     cache.triton_key = lambda: swapped
 
 
