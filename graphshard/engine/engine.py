@@ -20,6 +20,7 @@ import torch.distributed as dist
 from graphshard.engine.agreement import AgreementCheck, SlotDigest, digest
 from graphshard.config import LOGITS_DTYPES, Config
 from graphshard.runtime.devices import check_kernels_run_on, resolve_device
+from graphshard.runtime.launch import Launch, compile_launches, deferred_launches
 from graphshard.engine.divergence import DivergenceCheck
 from graphshard.errors import (EngineStateError, InvalidBatchError, InvalidParamsError, InvalidSlotError,
                                InvalidTypeError, StepFault)
@@ -101,6 +102,8 @@ class Engine:
         self.eager_steps = 0
         self.steps = 0  # steps issued, the same count on every rank
         self._capture_s = 0.0
+        self._compile_s = 0.0  # capture()'s compile of the sampler variants, ahead of the graphs
+        self._compiled_variants = 0
         self._one_row = config.max_num_logits_per_req == 1  # then num_logits == n
         self._routes: list[Route] = []  # index n <= largest bucket, once captured
         self._views: dict[int, SamplerOutput] = {}
@@ -238,24 +241,19 @@ class Engine:
     # first steps and failures included, is in graphshard/transports/p2p.py). The same call
     # ends the step on the device (`done`), with no kernel of its own on p2p.
     def _shard_fn(self, bucket: int, capacity: int):
-        cap_reqs = max(1, min(bucket, capacity))
+        cap_reqs = _owned_reqs(bucket, capacity)
         inp, pb, m = self.inputs, self.plan_buffers, self.config.max_num_logits_per_req
         drafts = inp.draft_token_ids if m > 1 else None
         agree = self.divergence
+        sample_owned = self._sample_fn((bucket, SHARD, capacity))
 
         def step():
             fetch_and_plan(inp.staged, pb, tp_rank=self.tp_rank,
                            gather_stride=cap_reqs + self._digest_rows,
                            max_num_logits_per_req=m, draft_token_ids=drafts)
-            full = self.transport.exchange(pb, inp.logits, None, capacity, fenced=False,
-                                           agree=agree)
-            self.sample(full, vocab_size=self.config.vocab_size, num_reqs=pb.local_num_reqs,
-                   req_slots=pb.local_idx_mapping, cu_num_logits=pb.local_cu_num_logits,
-                   seq_lens=pb.local_seq_lens, tables=self.tables, layout=self.layout,
-                   records=self.local_records, max_num_reqs=cap_reqs,
-                   draft_tokens=pb.local_draft_tokens if drafts is not None else None,
-                   bitmask=inp.grammar_bitmask, bitmask_rows=pb.local_row_src,
-                   bitmask_enabled=inp.bitmask_on)
+            # Fills the transport's receive buffer, which `sample_owned` reads.
+            self.transport.exchange(pb, inp.logits, None, capacity, fenced=False, agree=agree)
+            sample_owned()
             self.transport.gather(pb, self.local_records, self.records, cap_reqs, bucket,
                                   done=inp.staged, agree=agree)
 
@@ -264,26 +262,42 @@ class Engine:
     def _replicate_fn(self, bucket: int):
         inp, m = self.inputs, self.config.max_num_logits_per_req
         agree = self.divergence
+        sample_all = self._sample_fn((bucket, REPLICATE, 0))
 
         def step():
             inp.fetch()
-            if self.transport is None:
-                full = inp.logits
-            else:
-                full = self.transport.all_gather_vocab(inp.logits, None, bucket * m, fenced=False,
-                                                       agree=agree)
-            self.sample(full, vocab_size=self.config.vocab_size, num_reqs=inp.num_reqs,
-                   req_slots=inp.idx_mapping, cu_num_logits=inp.cu_num_logits, seq_lens=inp.seq_lens,
-                   tables=self.tables, layout=self.layout, records=self.records, max_num_reqs=bucket,
-                   draft_tokens=inp.draft_token_ids if m > 1 else None,
-                   bitmask=inp.grammar_bitmask, bitmask_rows=self.identity_rows,
-                   bitmask_enabled=inp.bitmask_on)
+            if self.transport is not None:  # fills the receive buffer `sample_all` reads
+                self.transport.all_gather_vocab(inp.logits, None, bucket * m, fenced=False,
+                                                agree=agree)
+            sample_all()
             if self.transport is None:
                 self.host_records.publish(bucket)  # the records to the host, then the done word
             else:
                 self.transport.close(done=inp.staged, agree=agree)
 
         return step
+
+    def _sample_fn(self, key: tuple) -> Callable[[], None]:
+        """The sampler call of `key`'s step, reading the full-vocabulary rows where the step's
+        exchange leaves them: the transport's receive buffer (an exchange or all-gather into
+        `out=None`), or the inputs' logits at tp = 1."""
+        bucket, strategy, capacity = key
+        inp, pb, m = self.inputs, self.plan_buffers, self.config.max_num_logits_per_req
+        full = inp.logits if self.transport is None else self.transport.receive_buffer()
+        common = dict(vocab_size=self.config.vocab_size, tables=self.tables, layout=self.layout,
+                      bitmask=inp.grammar_bitmask, bitmask_enabled=inp.bitmask_on)
+        if strategy == SHARD:
+            return functools.partial(
+                self.sample, full, num_reqs=pb.local_num_reqs, req_slots=pb.local_idx_mapping,
+                cu_num_logits=pb.local_cu_num_logits, seq_lens=pb.local_seq_lens,
+                records=self.local_records, max_num_reqs=_owned_reqs(bucket, capacity),
+                draft_tokens=pb.local_draft_tokens if m > 1 else None,
+                bitmask_rows=pb.local_row_src, **common)
+        return functools.partial(
+            self.sample, full, num_reqs=inp.num_reqs, req_slots=inp.idx_mapping,
+            cu_num_logits=inp.cu_num_logits, seq_lens=inp.seq_lens, records=self.records,
+            max_num_reqs=bucket, draft_tokens=inp.draft_token_ids if m > 1 else None,
+            bitmask_rows=self.identity_rows, **common)
 
     def _step_fn(self, key: tuple):
         bucket, strategy, capacity = key
@@ -312,6 +326,7 @@ class Engine:
         for b in self.config.buckets:
             for strategy in ((SHARD, REPLICATE) if auto else (self._strategy[b],)):
                 keys += keys_for(b, strategy, self._tiers.get(b))
+        self._compile_samplers(keys)
         self.graphs.capture(self._capture_fn, keys=keys)
         if auto:
             self._strategy, self.strategy_timings = choose_strategies(
@@ -321,6 +336,25 @@ class Engine:
         self._first_readable = self.steps
         self.captured = True
         self._capture_s = time.perf_counter() - start
+
+    def _compile_samplers(self, keys: list[tuple]) -> None:
+        """Compile the sampler variants the graphs of `keys` will launch, on threads, before
+        their warm-up runs would compile them one after another (a vocabulary-sized finish
+        variant takes a minute or more of a core; `graphshard.runtime.launch`). Nothing runs on
+        the device. The engine's other kernels compile in seconds, at their first launch."""
+        if self._user_sampler is not None or self.device.type != "cuda":
+            return
+        start = time.perf_counter()
+        with torch.cuda.device(self.device):
+            self._compiled_variants = compile_launches(self._sampler_launches(keys))
+        self._compile_s = time.perf_counter() - start
+
+    def _sampler_launches(self, keys: list[tuple]) -> list[Launch]:
+        """The kernel launches of the sampler calls of `keys`' steps, recorded, not run."""
+        with deferred_launches() as launches:
+            for key in keys:
+                self._sample_fn(key)()
+        return launches
 
     def _capture_fn(self, key: tuple):
         """The step of `key`, with a valid batch of exactly its bucket staged for warm-up and capture."""
@@ -628,9 +662,16 @@ class Engine:
         s = self.graphs.stats()
         return {"replays": dict(s.replays), "eager_fallbacks": s.eager_fallbacks,
                 "eager_steps": self.eager_steps, "capture_s": self._capture_s,
+                "sampler_compile_s": self._compile_s,
+                "sampler_variants_compiled": self._compiled_variants,
                 "graph_capture_s": s.capture_total_s, "graph_memory_bytes": s.graph_memory_bytes,
                 "strategy": dict(self._strategy),
                 "strategy_timings_us": {b: {SHARD: t[0] * 1e6, REPLICATE: t[1] * 1e6}
                                         for b, t in self.strategy_timings.items()},
                 "transport": self.transport.name if self.transport is not None else "none",
                 "graph_backend": getattr(self.backend, "name", type(self.backend).__name__)}
+
+
+def _owned_reqs(bucket: int, capacity: int) -> int:
+    """The request bound of a shard step's local sampler: a rank owns at most `capacity` rows."""
+    return max(1, min(bucket, capacity))

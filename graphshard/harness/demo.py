@@ -113,6 +113,8 @@ def run_rank(rank: int, world_size: int, cfg: Config, settings: DemoSettings) ->
         "max_batch": max(sizes) if sizes else 0, "eager_fallbacks": stats["eager_fallbacks"],
         "eager_steps": stats["eager_steps"], "replays": stats["replays"],
         "issue_us": issue_us, "step_us": step_us, "capture_s": stats["capture_s"],
+        "sampler_compile_s": stats["sampler_compile_s"],
+        "sampler_variants_compiled": stats["sampler_variants_compiled"],
         "transport": stats["transport"], "graph_backend": stats["graph_backend"],
         "strategy": stats["strategy"], "device": str(engine.device),
     }
@@ -167,7 +169,8 @@ def report(results: list[dict], cfg: Config) -> str:
         f"largest batch: {r0['max_batch']} (largest bucket {cfg.max_bucket}); "
         f"eager fallbacks above it: {r0['eager_fallbacks']}; uncaptured eager steps: {r0['eager_steps']}",
         f"graph replays per bucket: {used}",
-        f"capture time: {r0['capture_s']:.2f} s",
+        f"capture time: {r0['capture_s']:.2f} s (of it compiling {r0['sampler_variants_compiled']} "
+        f"sampler variants ahead: {r0['sampler_compile_s']:.2f} s)",
         f"host issue time per step: p50 {_pct(r0['issue_us'], 50):.0f} us, p99 {_pct(r0['issue_us'], 99):.0f} us",
         f"step time incl. host read: p50 {_pct(r0['step_us'], 50):.0f} us, p99 {_pct(r0['step_us'], 99):.0f} us",
     ]

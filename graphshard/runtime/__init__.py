@@ -8,5 +8,6 @@ from graphshard._lazy import lazy_exports
 # module -> the public names it defines, each loaded on first use.
 __getattr__, __dir__, __all__ = lazy_exports(__name__, {
     "devices": ("check_kernels_run_on", "resolve_device"),
-    "launch": ("check_int32_vector", "launch", "specialization_key"),
+    "launch": ("Launch", "check_int32_vector", "compile_launches", "compile_workers",
+               "compiles_kernels", "deferred_launches", "launch", "specialization_key"),
 })

@@ -1,21 +1,98 @@
-"""One way to launch a Triton kernel, shared by every launcher in the package.
+"""One way to launch a Triton kernel, shared by every launcher in the package, and a way to
+compile what a piece of code would launch before it runs.
 
 Kernels run with torch-function handling disabled: under the Triton interpreter a launch moves
 tensors through the host, which the emulated graph checker would otherwise report as host syncs
 in the step. A compiled kernel on a GPU does no such thing, so nothing is hidden by this.
+
+Triton compiles a kernel variant at its first launch, one after another. A vocabulary-sized
+sampler variant takes a minute or more of one CPU core (BENCHMARKS.md, "Compile time of the
+finish"), and a capture meets several. `deferred_launches` records the launches of a block
+instead of running them, and `compile_launches` compiles their distinct variants on threads
+(Triton's `AsyncCompileMode`; its compiler passes release the GIL) into the kernels' own
+in-memory caches, so the launches that follow find them compiled.
 """
 
 from __future__ import annotations
 
 import inspect
+import os
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
+from contextvars import ContextVar
+from typing import Iterator, NamedTuple
 
 import torch
+import triton
 import triton.language as tl
 
 
+class Launch(NamedTuple):
+    """One launch as `launch` was asked for it."""
+
+    kernel: object
+    grid: tuple
+    args: tuple
+    kwargs: dict
+
+
+# Set only inside `deferred_launches`, for the thread (or task) that entered it.
+_deferred: ContextVar[list[Launch] | None] = ContextVar("graphshard_deferred_launches", default=None)
+
+
 def launch(kernel, grid, *args, **kwargs):
+    deferred = _deferred.get()
+    if deferred is not None:
+        deferred.append(Launch(kernel, grid, args, kwargs))
+        return None
     with torch._C.DisableTorchFunction():
         return kernel[grid](*args, **kwargs)
+
+
+@contextmanager
+def deferred_launches() -> Iterator[list[Launch]]:
+    """Inside the block, `launch` records each launch into the list it yields and runs nothing.
+    Only what goes through `launch` is held back: the block's other operations run."""
+    if _deferred.get() is not None:
+        raise RuntimeError("deferred_launches() is already active")
+    launches: list[Launch] = []
+    token = _deferred.set(launches)
+    try:
+        yield launches
+    finally:
+        _deferred.reset(token)
+
+
+def compiles_kernels(kernel) -> bool:
+    """Whether `kernel` is compiled (a `JITFunction`), not run by the interpreter."""
+    return isinstance(kernel, triton.runtime.jit.JITFunction)
+
+
+def compile_workers() -> int:
+    """The CPU cores this process may run on."""
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+
+
+def compile_launches(launches: list[Launch], workers: int | None = None) -> int:
+    """Compile the variants `launches` need (nothing launches) on up to `workers` threads
+    (default: one per core this process may use), for the current device. Returns how many
+    distinct variants were missing from the kernels' in-memory caches (each compiled here, or
+    loaded from Triton's cache). Interpreted kernels have nothing to compile and are skipped. A
+    failed compile raises here, after the others finish."""
+    compiled = [item for item in launches if compiles_kernels(item.kernel)]
+    if not compiled:
+        return 0
+    workers = max(1, min(len(compiled), workers or compile_workers()))
+    with ThreadPoolExecutor(workers, thread_name_prefix="graphshard-compile") as pool, \
+            torch._C.DisableTorchFunction():
+        # Each `warmup` computes its variant's cache key here, on this thread, in launch order
+        # (Triton 3.6's key of a kernel depends on which kernels' keys the process computed
+        # before it), and hands only the compile to the pool; a variant already submitted or in
+        # memory is not compiled again.
+        with triton.AsyncCompileMode(pool) as mode:
+            for item in compiled:
+                item.kernel.warmup(*item.args, grid=item.grid, **item.kwargs)
+        return len(mode.future_kernels)
 
 
 def _signature(kernel) -> tuple[list[str], set[str], set, set]:
