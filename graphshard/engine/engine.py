@@ -326,7 +326,7 @@ class Engine:
         for b in self.config.buckets:
             for strategy in ((SHARD, REPLICATE) if auto else (self._strategy[b],)):
                 keys += keys_for(b, strategy, self._tiers.get(b))
-        self._compile_samplers(keys)
+        self._compile_samplers(keys + self._eager_keys(auto))
         self.graphs.capture(self._capture_fn, keys=keys)
         if auto:
             self._strategy, self.strategy_timings = choose_strategies(
@@ -338,16 +338,33 @@ class Engine:
         self._capture_s = time.perf_counter() - start
 
     def _compile_samplers(self, keys: list[tuple]) -> None:
-        """Compile the sampler variants the graphs of `keys` will launch, on threads, before
-        their warm-up runs would compile them one after another (a vocabulary-sized finish
-        variant takes a minute or more of a core; `graphshard.runtime.launch`). Nothing runs on
-        the device. The engine's other kernels compile in seconds, at their first launch."""
+        """Compile the sampler variants the steps of `keys` will launch, on threads: before the
+        graphs' warm-up runs would compile them one after another (a vocabulary-sized finish
+        variant takes a minute or more of a core; `graphshard.runtime.launch`), and before a
+        batch above the largest bucket would stall the decode loop to compile its own. Nothing
+        runs on the device. The engine's other kernels compile in seconds, at first launch."""
         if self._user_sampler is not None or self.device.type != "cuda":
             return
         start = time.perf_counter()
         with torch.cuda.device(self.device):
             self._compiled_variants = compile_launches(self._sampler_launches(keys))
         self._compile_s = time.perf_counter() - start
+
+    def _eager_keys(self, auto: bool) -> list[tuple]:
+        """Keys whose sampler call covers every uncaptured step above the largest bucket
+        (`routes.eager_key`): each size for replicate; for shard each capacity, which alone
+        sizes its sampler. None with fallback "error" or buckets up to `max_num_reqs`."""
+        cfg = self.config
+        sizes = range(cfg.max_bucket + 1, cfg.max_num_reqs + 1)
+        if cfg.fallback == "error" or not sizes:
+            return []
+        keys = []
+        for strategy in ((SHARD, REPLICATE) if auto else (self._strategy[cfg.max_bucket],)):
+            if strategy == SHARD:
+                keys += [(cfg.max_num_reqs, SHARD, c) for c in range(1, cfg.max_num_reqs + 1)]
+            else:
+                keys += [(n, REPLICATE, 0) for n in sizes]
+        return keys
 
     def _sampler_launches(self, keys: list[tuple]) -> list[Launch]:
         """The kernel launches of the sampler calls of `keys`' steps, recorded, not run."""

@@ -1,14 +1,19 @@
-"""What `capture()` compiles ahead is what its graphs launch: the sampler calls that
-`Engine._sampler_launches` records for the capture's keys are, argument for argument (tensors
-by address, shape, strides and dtype), the sampler launches the warm-up and capture runs make.
-CPU, interpreter, emulated graphs (there the compile itself is skipped: nothing compiles)."""
+"""What `capture()` compiles ahead is what the steps launch: the sampler calls that
+`Engine._sampler_launches` records for the capture's keys and the eager keys are, argument for
+argument (tensors by address, shape, strides and dtype), a superset of the sampler launches of
+the capture's warm-up and capture runs and of later steps above the largest bucket, and hold
+every capture launch. CPU, interpreter, emulated graphs (there the compile itself is skipped:
+nothing compiles)."""
 
+import numpy as np
 import pytest
+import torch
 
 import graphshard.sample.kernels as kernels
 from graphshard.config import Config
 from graphshard.engine import Engine
 from graphshard.harness.distributed import spawn
+from graphshard.sample.params import SamplingParams
 
 CFG = Config(vocab_size=300, vocab_pad_multiple=8, max_num_reqs=12, max_num_logits_per_req=3,
              max_num_slots=30, buckets=(1, 4, 8), graph_backend="emulated", num_logprobs=2)
@@ -29,12 +34,16 @@ def _key(kernel, grid, args, kwargs):
 
 
 def _launches(rank, world, cfg):
-    """(what capture compiled ahead, what its runs launched), as sets of described launches."""
+    """(what capture compiled ahead, what the capture launched, what steps above the largest
+    bucket launched), as sets of described launches."""
     engine = Engine(cfg)
     ahead, ran = set(), set()
+    compiled_keys = []
 
     def record_ahead(keys):
+        compiled_keys.extend(keys)
         ahead.update(_key(*item) for item in engine._sampler_launches(keys))
+        ran.clear()  # the recording went through `record_run` too
 
     real_launch = kernels.launch
 
@@ -46,20 +55,45 @@ def _launches(rank, world, cfg):
     kernels.launch = record_run
     try:
         engine.capture()
+        captured, ran = ran, set()
+        for slot in range(cfg.max_num_reqs):
+            engine.add_request(slot, SamplingParams(temperature=0.7, top_k=5, seed=slot))
+        rng = np.random.default_rng(0)
+        for n in range(cfg.max_bucket + 1, cfg.max_num_reqs + 1):
+            idx = rng.permutation(cfg.max_num_reqs)[:n].astype(np.int32)
+            rows = rng.integers(1, cfg.max_num_logits_per_req + 1, n)
+            cu = np.concatenate([[0], np.cumsum(rows)]).astype(np.int32)
+            logits = torch.randn(int(cu[-1]), engine.vocab_shard,
+                                 generator=torch.Generator().manual_seed(n))
+            engine.step(idx, cu, np.full(n, 3, np.int32), logits)
     finally:
         kernels.launch = real_launch
-    return ahead, ran, engine.stats()["strategy"]
+    return ahead, captured, ran, engine.stats(), len(compiled_keys)
 
 
 @pytest.mark.parametrize("tp, strategy", [(1, "replicate"), (2, "auto")])
-def test_compiled_ahead_is_what_the_graphs_launch(tp, strategy):
+def test_compiled_ahead_holds_what_captures_and_eager_steps_launch(tp, strategy):
     cfg = CFG.replace(strategy=strategy)
     if tp == 1:
         results = [_launches(0, 1, cfg)]
     else:
         results = spawn(_launches, tp, cfg, timeout_s=900)
-    for ahead, ran, _ in results:
-        assert ahead == ran
-        assert {name for name, *_ in ran} == {"_scan_kernel", "_finish_kernel"}
+    for ahead, captured, eager, stats, keys in results:
+        assert captured <= ahead and eager <= ahead
+        assert eager - captured  # steps above the largest bucket launch variants of their own
+        assert {name for name, *_ in captured} == {"_scan_kernel", "_finish_kernel"}
         # Both scan variants (bitmask support and none) and one finish per graph.
-        assert len(ran) >= 3 * len(CFG.buckets)
+        assert len(captured) >= 3 * len(CFG.buckets)
+        assert stats["eager_fallbacks"] == CFG.max_num_reqs - CFG.max_bucket
+    # Without the eager keys the eager steps' launches are not all there.
+    ahead, captured, eager, _, _ = results[0]
+    assert not eager <= captured
+
+
+def test_no_eager_keys_where_no_step_runs_eagerly():
+    engine = Engine(CFG.replace(fallback="error"))
+    assert engine._eager_keys(auto=False) == []
+    engine = Engine(CFG.replace(buckets=(1, 4, 12)))
+    assert engine._eager_keys(auto=False) == []
+    engine = Engine(CFG)
+    assert engine._eager_keys(auto=False) == [(n, "replicate", 0) for n in range(9, 13)]
