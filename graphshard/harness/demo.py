@@ -85,8 +85,7 @@ def run_rank(rank: int, world_size: int, cfg: Config, settings: DemoSettings) ->
         full = workload.logits(batch, engine.vocab, engine.dtype, engine.device)
         shard = full[:, lo:hi].contiguous()
         drafts, bitmask = _device_inputs(batch, engine.device)
-        if engine.device.type == "cuda":
-            torch.cuda.synchronize(engine.device)
+        _line_up(engine)
         start = time.perf_counter()
         out = engine.step(batch.idx_mapping, batch.cu_num_logits, batch.seq_lens, shard,
                           draft_token_ids=drafts, grammar_bitmask=bitmask)
@@ -112,12 +111,25 @@ def run_rank(rank: int, world_size: int, cfg: Config, settings: DemoSettings) ->
         "rank": rank, "tp": world_size, "steps": settings.steps, "verified": verified,
         "max_batch": max(sizes) if sizes else 0, "eager_fallbacks": stats["eager_fallbacks"],
         "eager_steps": stats["eager_steps"], "replays": stats["replays"],
-        "issue_us": issue_us, "step_us": step_us, "capture_s": stats["capture_s"],
+        "issue_us": issue_us, "step_us": step_us, "sizes": sizes, "captured": engine.captured,
+        "capture_s": stats["capture_s"],
         "sampler_compile_s": stats["sampler_compile_s"],
         "sampler_variants_compiled": stats["sampler_variants_compiled"],
         "transport": stats["transport"], "graph_backend": stats["graph_backend"],
         "strategy": stats["strategy"], "device": str(engine.device),
     }
+
+
+def _line_up(engine: Engine) -> None:
+    """Start a timed step with this rank's device idle and every rank here: the ranks run their
+    oracle checks between steps at different speeds, and a step timed from its own rank's start
+    would count the wait for a peer that is still checking."""
+    if engine.device.type == "cuda":
+        torch.cuda.synchronize(engine.device)
+    if engine.group is not None:
+        dist.barrier(group=engine.group)
+        if engine.device.type == "cuda":
+            torch.cuda.synchronize(engine.device)
 
 
 def _snapshot(tables: SlotTables) -> SlotTables:
@@ -172,8 +184,15 @@ def report(results: list[dict], cfg: Config) -> str:
         f"capture time: {r0['capture_s']:.2f} s (of it compiling {r0['sampler_variants_compiled']} "
         f"sampler variants ahead: {r0['sampler_compile_s']:.2f} s)",
         f"host issue time per step: p50 {_pct(r0['issue_us'], 50):.0f} us, p99 {_pct(r0['issue_us'], 99):.0f} us",
-        f"step time incl. host read: p50 {_pct(r0['step_us'], 50):.0f} us, p99 {_pct(r0['step_us'], 99):.0f} us",
+        f"step time incl. host read (every rank idle and lined up before it): "
+        f"p50 {_pct(r0['step_us'], 50):.0f} us, p99 {_pct(r0['step_us'], 99):.0f} us",
     ]
+    eager = [t for t, n in zip(r0["step_us"], r0["sizes"]) if n > cfg.max_bucket]
+    replayed = [t for t, n in zip(r0["step_us"], r0["sizes"]) if n <= cfg.max_bucket]
+    if r0["captured"]:
+        lines.append(f"  graph replays: {len(replayed)} steps, p50 {_pct(replayed, 50):.0f} us, "
+                     f"p99 {_pct(replayed, 99):.0f} us; eager steps above the largest bucket: "
+                     f"{len(eager)}, p50 {_pct(eager, 50):.0f} us")
     if r0["device"] == "cpu":
         lines.append("(CPU run: Triton interpreter and emulated graphs; times say nothing about GPU speed)")
     return "\n".join(lines)
