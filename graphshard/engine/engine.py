@@ -20,7 +20,7 @@ import torch.distributed as dist
 from graphshard.engine.agreement import AgreementCheck, SlotDigest, digest
 from graphshard.config import LOGITS_DTYPES, Config
 from graphshard.runtime.devices import check_kernels_run_on, resolve_device
-from graphshard.runtime.launch import Launch, compile_launches, deferred_launches
+from graphshard.runtime.launch import Launch, compile_launches, compile_workers, deferred_launches
 from graphshard.engine.divergence import DivergenceCheck
 from graphshard.errors import (EngineStateError, InvalidBatchError, InvalidParamsError, InvalidSlotError,
                                InvalidTypeError, StepFault)
@@ -44,6 +44,9 @@ logger = logging.getLogger(__name__)
 IntArray = Union[np.ndarray, Sequence[int], torch.Tensor]
 
 DTYPES = {name: getattr(torch, name) for name in LOGITS_DTYPES}
+
+# How much later than the others a rank may finish compiling the sampler at capture.
+COMPILE_SKEW_S = 600.0
 
 SAMPLER_CONTRACT = """A replacement sampler is a callable with the keyword signature of
 `graphshard.sample.kernels.sample`: `(logits, *, vocab_size, num_reqs, req_slots, cu_num_logits,
@@ -346,9 +349,15 @@ class Engine:
         if self._user_sampler is not None or self.device.type != "cuda":
             return
         start = time.perf_counter()
+        # The ranks of a host compile the same variants at once: they share its cores.
+        workers = max(1, compile_workers() // min(self.tp_size, torch.cuda.device_count()))
         with torch.cuda.device(self.device):
-            self._compiled_variants = compile_launches(self._sampler_launches(keys))
+            self._compiled_variants = compile_launches(self._sampler_launches(keys), workers)
         self._compile_s = time.perf_counter() - start
+        # The first warm-up's collectives would wait for a rank still compiling, on p2p in a
+        # device-side wait bounded by timeout_s; the ranks meet on the host first, allowing for
+        # compile times that differ between ranks.
+        self.rendezvous.meet("capture", timeout_s=self.config.timeout_s + COMPILE_SKEW_S)
 
     def _eager_keys(self, auto: bool) -> list[tuple]:
         """Keys whose sampler call covers every uncaptured step above the largest bucket

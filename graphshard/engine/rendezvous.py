@@ -30,37 +30,40 @@ class Rendezvous:
         self.rank, self.world_size, self.timeout_s = rank, world_size, timeout_s
         self._attempts: dict[str, int] = {}
 
-    def meet(self, what: str) -> None:
+    def meet(self, what: str, timeout_s: float | None = None) -> None:
         """Return once every rank has called `meet(what)` (as often), or raise
-        `RankDivergenceError` after `timeout_s`, and at once on a rank that comes too late.
-        Without a store (a single process, a group built without one) there is nothing to do."""
+        `RankDivergenceError` after `timeout_s` (default: the engine's), and at once on a rank
+        that comes too late. Without a store (a single process, a group built without one)
+        there is nothing to do."""
         if self.world_size == 1 or self.store is None or self.prefix is None:
             return
         attempt = self._attempts.get(what, 0)
         self._attempts[what] = attempt + 1
         key = f"{self.prefix}/meet/{what}/{attempt}"
-        deadline = time.monotonic() + self.timeout_s
-        arrived = self._arrive(key, what)
+        timeout_s = self.timeout_s if timeout_s is None else timeout_s
+        deadline = time.monotonic() + timeout_s
+        arrived = self._arrive(key, what, timeout_s)
         delay = 0.001
         while len(arrived) < self.world_size:
             if time.monotonic() > deadline:
                 gone = _GONE + _joined(arrived)
-                arrived = self._parse(self.store.compare_set(key, _joined(arrived), gone).decode(), what)
+                arrived = self._parse(self.store.compare_set(key, _joined(arrived), gone).decode(),
+                                      what, timeout_s)
                 continue  # raised if the meeting is off; else someone arrived meanwhile
             time.sleep(delay)
             delay = min(delay * 2, 0.05)
-            arrived = self._parse(self.store.get(key).decode(), what)
+            arrived = self._parse(self.store.get(key).decode(), what, timeout_s)
 
-    def _arrive(self, key: str, what: str) -> set[int]:
+    def _arrive(self, key: str, what: str, timeout_s: float) -> set[int]:
         current = self.store.compare_set(key, "", "").decode()  # creates the key if missing
         while True:
-            arrived = self._parse(current, what)
+            arrived = self._parse(current, what, timeout_s)
             desired = _joined(arrived | {self.rank})
             current = self.store.compare_set(key, current, desired).decode()
             if current == desired:  # only this rank writes a set holding its own rank
                 return arrived | {self.rank}
 
-    def _parse(self, value: str, what: str) -> set[int]:
+    def _parse(self, value: str, what: str, timeout_s: float) -> set[int]:
         """The ranks that arrived, or raise if the meeting was given up."""
         if not value.startswith(_GONE):
             return _ranks(value)
@@ -68,13 +71,16 @@ class Rendezvous:
         if self.rank not in came:
             raise RankDivergenceError(
                 f"{what}() came too late on rank {self.rank}: ranks {sorted(came)} called it and "
-                f"gave up after timeout_s = {self.timeout_s:g} s; every rank of the group must "
+                f"gave up after {self._bound(timeout_s)}; every rank of the group must "
                 f"call {what}() together (it runs collectives)")
         missing = sorted(set(range(self.world_size)) - came)
         raise RankDivergenceError(
             f"{what}() was called on ranks {sorted(came)} but not on ranks {missing} within "
-            f"timeout_s = {self.timeout_s:g} s; every rank of the group must call {what}() "
+            f"{self._bound(timeout_s)}; every rank of the group must call {what}() "
             f"(it runs collectives)")
+
+    def _bound(self, timeout_s: float) -> str:
+        return f"timeout_s = {timeout_s:g} s" if timeout_s == self.timeout_s else f"{timeout_s:g} s"
 
 
 def _ranks(value: str) -> set[int]:

@@ -15,6 +15,7 @@ in-memory caches, so the launches that follow find them compiled.
 
 from __future__ import annotations
 
+import contextvars
 import inspect
 import os
 from concurrent.futures import ThreadPoolExecutor
@@ -78,21 +79,44 @@ def compile_launches(launches: list[Launch], workers: int | None = None) -> int:
     (default: one per core this process may use), for the current device. Returns how many
     distinct variants were missing from the kernels' in-memory caches (each compiled here, or
     loaded from Triton's cache). Interpreted kernels have nothing to compile and are skipped. A
-    failed compile raises here, after the others finish."""
-    compiled = [item for item in launches if compiles_kernels(item.kernel)]
+    failed compile raises here, once the others are compiled and in memory."""
+    # One launch per variant (`specialization_key`): a warmup of a variant still compiling
+    # repeats its binding and key (~0.4 ms), and a capture records thousands of launches.
+    distinct = {}
+    for item in launches:
+        if compiles_kernels(item.kernel):
+            distinct.setdefault((id(item.kernel), specialization_key(item.kernel, item.args,
+                                                                     item.kwargs)), item)
+    compiled = list(distinct.values())
     if not compiled:
         return 0
     workers = max(1, min(len(compiled), workers or compile_workers()))
-    with ThreadPoolExecutor(workers, thread_name_prefix="graphshard-compile") as pool, \
-            torch._C.DisableTorchFunction():
-        # Each `warmup` computes its variant's cache key here, on this thread, in launch order
-        # (Triton 3.6's key of a kernel depends on which kernels' keys the process computed
-        # before it), and hands only the compile to the pool; a variant already submitted or in
-        # memory is not compiled again.
-        with triton.AsyncCompileMode(pool) as mode:
-            for item in compiled:
-                item.kernel.warmup(*item.args, grid=item.grid, **item.kwargs)
-        return len(mode.future_kernels)
+    # Triton 3.6's AsyncCompileMode stays active in the context that entered it when a compile
+    # fails (it resets itself after its wait, not in a `finally`), and every later compile of
+    # that thread would then fail: it runs in a copy of the context.
+    return contextvars.copy_context().run(_compile_on_pool, compiled, workers)
+
+
+def _compile_on_pool(compiled: list[Launch], workers: int) -> int:
+    pool = ThreadPoolExecutor(workers, thread_name_prefix="graphshard-compile")
+    try:
+        with torch._C.DisableTorchFunction(), triton.AsyncCompileMode(pool, ignore_errors=True) as mode:
+            try:
+                # Each `warmup` computes its variant's cache key here, on this thread, in launch
+                # order (Triton 3.6's key of a kernel depends on which kernels' keys the process
+                # computed before it), and hands only the compile to the pool; a variant already
+                # submitted or in memory is not compiled again.
+                for item in compiled:
+                    item.kernel.warmup(*item.args, grid=item.grid, **item.kwargs)
+            except BaseException:
+                pool.shutdown(wait=False, cancel_futures=True)  # an interrupt waits for no queue
+                raise
+    finally:
+        pool.shutdown()
+    for future in mode.future_kernels.values():
+        if not future.future.cancelled() and future.future.exception() is not None:
+            raise future.future.exception()
+    return len(mode.future_kernels)
 
 
 def _signature(kernel) -> tuple[list[str], set[str], set, set]:

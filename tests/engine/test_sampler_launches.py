@@ -71,7 +71,9 @@ def _launches(rank, world, cfg):
     return ahead, captured, ran, engine.stats(), len(compiled_keys)
 
 
-@pytest.mark.parametrize("tp, strategy", [(1, "replicate"), (2, "auto")])
+# "auto" records both strategies' keys; its eager steps take the one timing chose for the
+# largest bucket, so "shard" pins the shard eager keys.
+@pytest.mark.parametrize("tp, strategy", [(1, "replicate"), (2, "auto"), (2, "shard")])
 def test_compiled_ahead_holds_what_captures_and_eager_steps_launch(tp, strategy):
     cfg = CFG.replace(strategy=strategy)
     if tp == 1:
@@ -85,9 +87,6 @@ def test_compiled_ahead_holds_what_captures_and_eager_steps_launch(tp, strategy)
         # Both scan variants (bitmask support and none) and one finish per graph.
         assert len(captured) >= 3 * len(CFG.buckets)
         assert stats["eager_fallbacks"] == CFG.max_num_reqs - CFG.max_bucket
-    # Without the eager keys the eager steps' launches are not all there.
-    ahead, captured, eager, _, _ = results[0]
-    assert not eager <= captured
 
 
 def test_no_eager_keys_where_no_step_runs_eagerly():

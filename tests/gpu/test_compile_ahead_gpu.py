@@ -1,25 +1,36 @@
-"""On a GPU, `capture()` compiles the sampler's variants before its warm-up runs: those runs
-then find every sampler variant in memory (none left for them to compile), and the steps equal
-the oracle. Reports the compile's share of the capture (`gpu_report`)."""
+"""On a GPU, `capture()` compiles the sampler's variants before its warm-up runs: those runs,
+and a later step above the largest bucket, then find every sampler variant in memory (none is
+compiled by a launch), and the steps equal the oracle. Reports the compile's share of the
+capture (`gpu_report`)."""
 
 import numpy as np
 import pytest
 import torch
+import triton
+import triton.language as tl
 from triton import knobs
 
 from graphshard.config import Config
 from graphshard.engine import Engine
 from graphshard.harness.oracle import compare, sample_unsharded
+from graphshard.runtime.launch import launch
 from graphshard.sample.params import SamplingParams, SlotTables
 from graphshard.sample.records import unpack
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 
-CFG = Config(vocab_size=32000, max_num_reqs=64, max_num_logits_per_req=1, max_num_slots=64,
-             logits_dtype="bfloat16", graph_backend="cuda", num_logprobs=5, buckets=(1, 8, 64))
+# A vocabulary no other test uses: every sampler variant here is new to the process.
+CFG = Config(vocab_size=31991, max_num_reqs=16, max_num_logits_per_req=1, max_num_slots=16,
+             logits_dtype="bfloat16", graph_backend="cuda", num_logprobs=5, buckets=(1, 8))
+SAMPLER = ("_scan_kernel", "_finish_kernel")
 
 
-def test_capture_compiles_the_sampler_ahead_and_its_runs_compile_none(gpu_report):
+@triton.jit
+def _probe_kernel(x_ptr):
+    tl.store(x_ptr, 1)
+
+
+def test_capture_compiles_the_sampler_ahead_and_no_step_compiles_one(gpu_report):
     engine = Engine(CFG)
     missed = []
     compile_ahead = engine._compile_samplers
@@ -34,28 +45,34 @@ def test_capture_compiles_the_sampler_ahead_and_its_runs_compile_none(gpu_report
         knobs.runtime.jit_cache_hook = note_miss
 
     engine._compile_samplers = then_watch
+    tables = SlotTables(CFG.max_num_slots, engine.device)
+    gen = torch.Generator(device=engine.device).manual_seed(0)
+    steps = []
     try:
         engine.capture()
+        for slot in range(CFG.max_num_slots):
+            params = SamplingParams(temperature=0.8, top_k=50, top_p=0.9, seed=slot,
+                                    num_logprobs=5)
+            engine.add_request(slot, params)
+            tables.set(slot, params)
+        for n in (1, 5, 8, 12):  # 12: above the largest bucket, an eager step
+            logits = (torch.randn(n, engine.vocab, generator=gen, device=engine.device) * 3
+                      ).to(torch.bfloat16)
+            idx = np.arange(n, dtype=np.int32)
+            cu, lens = np.arange(n + 1, dtype=np.int32), np.full(n, 7, np.int32)
+            engine.step(idx, cu, lens, logits)
+            steps.append((idx, cu, lens, logits, engine.read().records.copy()))
+        launch(_probe_kernel, (1,), torch.zeros(1, dtype=torch.int32, device=engine.device))
     finally:
         knobs.runtime.jit_cache_hook = None
+    assert "_probe_kernel" in missed  # the watch saw a launch that compiled
+    assert not [name for name in missed if name in SAMPLER], missed
     stats = engine.stats()
-    assert not [name for name in missed if name in ("_scan_kernel", "_finish_kernel")], missed
+    assert stats["eager_fallbacks"] == 1
     assert stats["sampler_variants_compiled"] >= 3  # two scans and a finish at least
     gpu_report("compile_ahead", {k: stats[k] for k in ("capture_s", "sampler_compile_s",
                                                        "sampler_variants_compiled")})
-    tables = SlotTables(CFG.max_num_slots, engine.device)
-    for slot in range(8):
-        params = SamplingParams(temperature=0.8, top_k=50, top_p=0.9, seed=slot, num_logprobs=5)
-        engine.add_request(slot, params)
-        tables.set(slot, params)
-    gen = torch.Generator(device=engine.device).manual_seed(0)
-    for n in (1, 5, 8):
-        logits = torch.randn(n, engine.vocab, generator=gen, device=engine.device) * 3
-        idx = np.arange(n, dtype=np.int32)
-        cu, lens = np.arange(n + 1, dtype=np.int32), np.full(n, 7, np.int32)
-        engine.step(idx, cu, lens, logits.to(torch.bfloat16))
-        got = engine.read()
-        want = sample_unsharded(logits.to(torch.bfloat16), idx_mapping=idx, cu_num_logits=cu,
-                                seq_lens=lens, tables=tables, layout=engine.layout,
-                                vocab_size=CFG.vocab_size)
-        assert compare(unpack(torch.from_numpy(got.records), engine.layout), want) is None
+    for idx, cu, lens, logits, records in steps:
+        want = sample_unsharded(logits, idx_mapping=idx, cu_num_logits=cu, seq_lens=lens,
+                                tables=tables, layout=engine.layout, vocab_size=CFG.vocab_size)
+        assert compare(unpack(torch.from_numpy(records), engine.layout), want) is None

@@ -74,6 +74,33 @@ SCRIPT = textwrap.dedent('''
         json.dump({"recorded": len(recorded), "variants": variants, "compiles": compiles,
                    "again": again, "misses": misses, "untouched": bool((x == 1).all()),
                    "pool": sorted(set(t.split("_")[0] for t in threads))}, sys.stdout)
+    elif sys.argv[1] == "fail":  # one variant fails to compile
+        from triton.runtime import _async_compile
+
+        @triton.jit
+        def _broken_kernel(x_ptr, BLOCK: tl.constexpr):
+            tl.static_assert(BLOCK < 64, "BLOCK too large")
+            tl.store(x_ptr + tl.arange(0, BLOCK), 0.0)
+
+        with deferred_launches() as recorded:
+            launch(_scale_kernel, (1,), x, 64, BLOCK=64)
+            launch(_broken_kernel, (1,), x, BLOCK=64)
+            launch(_shift_kernel, (1,), Buf(x), 64, BLOCK=64)
+        try:
+            compile_launches(recorded, workers=2)
+            error = None
+        except Exception as e:
+            error = str(e)
+        left_active = _async_compile.active_mode.get() is not None
+        misses = []
+        knobs.runtime.jit_cache_hook = lambda **kw: misses.append(kw["fn"].name) or True
+        _scale_kernel.warmup(x, 64, BLOCK=64, grid=(1,))
+        _shift_kernel.warmup(Buf(x), 64, BLOCK=64, grid=(1,))
+        knobs.runtime.jit_cache_hook = None
+        with deferred_launches() as later:  # the thread still compiles
+            launch(_scale_kernel, (1,), x, 63, BLOCK=64)
+        json.dump({"error": error, "left_active": left_active, "misses": misses,
+                   "later": compile_launches(later, workers=2)}, sys.stdout)
     else:  # what launches compile, one after another
         for k, a, n, b in launches:
             k.warmup(a, n, BLOCK=b, grid=(1,))
@@ -100,6 +127,13 @@ def test_recorded_launches_compile_on_the_pool_as_the_launches_would(tmp_path):
     assert _run(tmp_path, launched, "launch") == {"compiles": 6}
     # The same cache entries, keys included, as the launches' own compiles in their order.
     assert {d.name for d in (tmp_path / "ahead").iterdir()} == {d.name for d in launched.iterdir()}
+
+
+def test_a_failed_compile_raises_after_the_others_are_in_memory_and_leaves_no_mode(tmp_path):
+    pytest.importorskip("triton.backends.nvidia")
+    got = _run(tmp_path, tmp_path / "cache", "fail")
+    assert "BLOCK too large" in got.pop("error")
+    assert got == {"left_active": False, "misses": [], "later": 1}
 
 
 def test_deferred_launches_run_nothing_and_do_not_nest():
