@@ -1,6 +1,7 @@
-"""Wall time of compiling the sampler variants of a `benchmarks.profile_kernels` run with
-`graphshard.runtime.launch.compile_launches` (what `Engine.capture()` does before its warm-up
-runs), on 1 to N threads. Without CUDA it compiles for sm_90 (`--arch`) and nothing can launch.
+"""Wall time of compiling the sampler variants of a `benchmarks.profile_kernels` run as it
+compiles them (`profile_kernels.compile_ahead`: `graphshard.runtime.launch.compile_launches`,
+what `Engine.capture()` does before its warm-up runs), on 1 to N threads. Without CUDA it
+compiles for sm_90 (`--arch`) and nothing can launch.
 
 Usage: TRITON_INTERPRET=0 TRITON_CACHE_DIR=EMPTY_DIR python3 -m benchmarks.compile_ahead
        [--workers N] [--arch 90] [profile_kernels args: --vocab --dtype --modes --batches --k
@@ -20,8 +21,8 @@ import torch
 import triton
 
 from benchmarks.prebuild import CompileOnlyDriver
-from benchmarks.profile_kernels import parse_args, sampler_calls
-from graphshard.runtime.launch import compile_launches, compile_workers, deferred_launches
+from benchmarks.profile_kernels import compile_ahead, parse_args, sampler_calls
+from graphshard.runtime.launch import compile_workers
 
 
 def main(argv=None):
@@ -36,14 +37,12 @@ def main(argv=None):
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     if device.type == "cpu":
         triton.runtime.driver.set_active(CompileOnlyDriver(opts.arch))
-    with deferred_launches() as launches:
-        for _, _, call, _ in sampler_calls(args, device):
-            call()
+    calls = [call for _, _, call, _ in sampler_calls(args, device)]
     start = time.perf_counter()
-    variants = compile_launches(launches, opts.workers)
+    variants = compile_ahead(calls, opts.workers)
     seconds = time.perf_counter() - start
-    print(f"{len(launches)} launches, {variants} variants, {opts.workers} workers: {seconds:.1f} s "
-          f"-> {os.environ.get('TRITON_CACHE_DIR', '~/.triton/cache')}")
+    print(f"{len(calls)} sampler calls, {variants} variants, {opts.workers} workers: "
+          f"{seconds:.1f} s -> {os.environ.get('TRITON_CACHE_DIR', '~/.triton/cache')}")
 
 
 if __name__ == "__main__":

@@ -110,13 +110,30 @@ def sampler_calls(args: argparse.Namespace, device):
             yield f"sampler_{mode}" + ("_bitmask" if args.bitmask else ""), batch, call, ws
 
 
+def compile_ahead(calls, workers: int | None = None) -> int:
+    """Compile every kernel variant `calls` launch at once, on `workers` threads (default: all
+    cores), before any is timed; returns how many were not in memory. An ablation's older tree
+    (`benchmarks/ablations/trees.sh` copies this script into it) may predate
+    `deferred_launches`: there each variant compiles at its first launch (returns 0)."""
+    try:
+        from graphshard.runtime.launch import compile_launches, deferred_launches
+    except ImportError:
+        return 0
+    with deferred_launches() as launches:
+        for call in calls:
+            call()
+    return compile_launches(launches, workers)
+
+
 def main(argv=None):
     args = parse_args(argv)
     if args.check:
         return
     device = torch.device("cuda")
     rows = []
-    for what, batch, call, ws in sampler_calls(args, device):
+    calls = list(sampler_calls(args, device))
+    compile_ahead(call for _, _, call, _ in calls)
+    for what, batch, call, ws in calls:
         for name, us in kernel_us(call).items():
             rows.append(dict(what=what, batch=batch, kernel=name, us=us))
         # Rows of all the calls above that left the candidate path (see SamplerWorkspace).
