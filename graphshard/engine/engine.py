@@ -33,7 +33,7 @@ from graphshard.plan.kernel import fetch_and_plan
 from graphshard.plan.layout import PlanBuffers
 from graphshard.sample.records import HostOutput, RecordLayout, SamplerOutput, unpack
 from graphshard.engine.rendezvous import Rendezvous
-from graphshard.engine.routes import Route, eager_key, keys_for
+from graphshard.engine.routes import Route, eager_key, eager_keys, keys_for
 from graphshard.sample.kernels import SamplerWorkspace, bitmask_words, sample
 from graphshard.engine.strategy import REPLICATE, SHARD, choose_strategies
 from graphshard.engine.validate import BatchChecker, BatchLimits
@@ -360,20 +360,13 @@ class Engine:
         self.rendezvous.meet("capture", timeout_s=self.config.timeout_s + COMPILE_SKEW_S)
 
     def _eager_keys(self, auto: bool) -> list[tuple]:
-        """Keys whose sampler call covers every uncaptured step above the largest bucket
-        (`routes.eager_key`): each size for replicate; for shard each capacity, which alone
-        sizes its sampler. None with fallback "error" or buckets up to `max_num_reqs`."""
+        """The keys of the sampler calls that steps above the largest bucket can make (their
+        strategy is the largest bucket's, which "auto" picks after the compile: both)."""
         cfg = self.config
-        sizes = range(cfg.max_bucket + 1, cfg.max_num_reqs + 1)
-        if cfg.fallback == "error" or not sizes:
+        if cfg.fallback != "eager":
             return []
-        keys = []
-        for strategy in ((SHARD, REPLICATE) if auto else (self._strategy[cfg.max_bucket],)):
-            if strategy == SHARD:
-                keys += [(cfg.max_num_reqs, SHARD, c) for c in range(1, cfg.max_num_reqs + 1)]
-            else:
-                keys += [(n, REPLICATE, 0) for n in sizes]
-        return keys
+        strategies = (SHARD, REPLICATE) if auto else (self._strategy[cfg.max_bucket],)
+        return eager_keys(cfg.max_bucket, cfg.max_num_reqs, strategies)
 
     def _sampler_launches(self, keys: list[tuple]) -> list[Launch]:
         """The kernel launches of the sampler calls of `keys`' steps, recorded, not run."""

@@ -12,6 +12,7 @@ import torch
 import graphshard.sample.kernels as kernels
 from graphshard.config import Config
 from graphshard.engine import Engine
+from graphshard.engine.routes import eager_keys
 from graphshard.harness.distributed import spawn
 from graphshard.sample.params import SamplingParams
 
@@ -89,10 +90,10 @@ def test_compiled_ahead_holds_what_captures_and_eager_steps_launch(tp, strategy)
         assert stats["eager_fallbacks"] == CFG.max_num_reqs - CFG.max_bucket
 
 
-def test_no_eager_keys_where_no_step_runs_eagerly():
-    engine = Engine(CFG.replace(fallback="error"))
-    assert engine._eager_keys(auto=False) == []
-    engine = Engine(CFG.replace(buckets=(1, 4, 12)))
-    assert engine._eager_keys(auto=False) == []
-    engine = Engine(CFG)
-    assert engine._eager_keys(auto=False) == [(n, "replicate", 0) for n in range(9, 13)]
+def test_eager_keys_cover_every_size_and_capacity_above_the_largest_bucket():
+    assert eager_keys(8, 8, ("shard", "replicate")) == []  # no step above the largest bucket
+    assert eager_keys(8, 12, ("replicate",)) == [(n, "replicate", 0) for n in range(9, 13)]
+    assert eager_keys(8, 12, ("shard",)) == [(12, "shard", c) for c in range(1, 13)]
+    # With fallback "error" no step runs above the largest bucket.
+    assert Engine(CFG.replace(fallback="error"))._eager_keys(auto=True) == []
+    assert Engine(CFG)._eager_keys(auto=False) == eager_keys(8, 12, ("replicate",))
