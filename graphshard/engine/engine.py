@@ -366,7 +366,7 @@ class Engine:
         if cfg.fallback != "eager":
             return []
         strategies = (SHARD, REPLICATE) if auto else (self._strategy[cfg.max_bucket],)
-        return eager_keys(cfg.max_bucket, cfg.max_num_reqs, strategies)
+        return eager_keys(cfg.max_bucket, cfg.max_num_reqs, strategies, self.tp_size)
 
     def _sampler_launches(self, keys: list[tuple]) -> list[Launch]:
         """The kernel launches of the sampler calls of `keys`' steps, recorded, not run."""

@@ -61,15 +61,18 @@ def eager_key(n: int, idx: np.ndarray, cu: np.ndarray, strategy: str, tp_size: i
     return (size, SHARD, max(1, busiest_owner_rows(idx, cu, tp_size, one_row=False)))
 
 
-def eager_keys(max_bucket: int, max_num_reqs: int, strategies: tuple[str, ...]) -> list[tuple]:
+def eager_keys(max_bucket: int, max_num_reqs: int, strategies: tuple[str, ...],
+               tp_size: int) -> list[tuple]:
     """Keys whose sampler calls cover every step above the largest bucket (`eager_key`): each
-    size for replicate; for shard each capacity, which alone sizes its sampler call."""
+    size for replicate; for shard each capacity, which alone sizes its sampler call, from the
+    least a step of more than `max_bucket` rows spread over `tp_size` owners can take."""
     if max_bucket >= max_num_reqs:
         return []
     keys = []
     for strategy in strategies:
         if strategy == SHARD:
-            keys += [(max_num_reqs, SHARD, c) for c in range(1, max_num_reqs + 1)]
+            least = -(-(max_bucket + 1) // tp_size)
+            keys += [(max_num_reqs, SHARD, c) for c in range(least, max_num_reqs + 1)]
         else:
             keys += [(n, REPLICATE, 0) for n in range(max_bucket + 1, max_num_reqs + 1)]
     return keys

@@ -91,9 +91,10 @@ def test_compiled_ahead_holds_what_captures_and_eager_steps_launch(tp, strategy)
 
 
 def test_eager_keys_cover_every_size_and_capacity_above_the_largest_bucket():
-    assert eager_keys(8, 8, ("shard", "replicate")) == []  # no step above the largest bucket
-    assert eager_keys(8, 12, ("replicate",)) == [(n, "replicate", 0) for n in range(9, 13)]
-    assert eager_keys(8, 12, ("shard",)) == [(12, "shard", c) for c in range(1, 13)]
+    assert eager_keys(8, 8, ("shard", "replicate"), 2) == []  # no step above the largest bucket
+    assert eager_keys(8, 12, ("replicate",), 2) == [(n, "replicate", 0) for n in range(9, 13)]
+    # Nine rows or more over two owners: the busiest takes at least 5.
+    assert eager_keys(8, 12, ("shard",), 2) == [(12, "shard", c) for c in range(5, 13)]
     # With fallback "error" no step runs above the largest bucket.
     assert Engine(CFG.replace(fallback="error"))._eager_keys(auto=True) == []
-    assert Engine(CFG)._eager_keys(auto=False) == eager_keys(8, 12, ("replicate",))
+    assert Engine(CFG)._eager_keys(auto=False) == eager_keys(8, 12, ("replicate",), 1)
