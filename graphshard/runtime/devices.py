@@ -23,11 +23,10 @@ def check_kernels_run_on(device: torch.device) -> None:
         return
     import os
 
-    from triton.runtime.jit import JITFunction
-
     from graphshard.plan import staging  # a module of kernels the engine always launches
+    from graphshard.runtime.launch import compiles_kernels
 
-    if any(isinstance(v, JITFunction) for v in vars(staging).values()):
+    if any(compiles_kernels(v) for v in vars(staging).values()):
         from graphshard.errors import EngineStateError
 
         raise EngineStateError(
