@@ -2,6 +2,7 @@
 
 Usage: python3 -m benchmarks.bench_sampling [--out sampling.json] [--shapes 152064:float32,...]
        [--modes greedy,top_k_top_p,...] [--batches 1,8,32,256,1024] [--iters 30]
+       [--no-grammar-bitmask]
 
 Per (shape, mode, batch), on one GPU:
   graphshard        Engine (tp = 1, CUDA graphs, logits written into engine.inputs.logits),
@@ -17,6 +18,8 @@ Per (shape, mode, batch), on one GPU:
                     from their candidates during the timed calls.
   torch_sort_eager  TorchSortSampler run eagerly, the same loop with the host read.
   torch_sort_graph  the same sampler captured in one CUDA graph, replayed in the loop.
+The engine's config has `grammar_bitmask = true` (as by default) unless `--no-grammar-bitmask`
+(its graphshard rows then say `"grammar_bitmask": false`); no step passes a bitmask.
 Writes a list of rows (keys mode, batch, vocab, dtype, path, step_us, ...) to --out and prints
 a table. `--compile-only` times nothing: it compiles what the timing needs (the engine's capture
 and the sampler-alone calls) into Triton's cache, so that a run beside other work on a fresh
@@ -72,14 +75,15 @@ def sampler_alone(logits, batch, vocab, params, device) -> tuple[float, dict]:
 
 
 def run_shape(vocab: int, dtype: torch.dtype, modes, batches, iters: int, device,
-              save=lambda rows: None, compile_only: bool = False) -> list[dict]:
+              save=lambda rows: None, compile_only: bool = False,
+              grammar_bitmask: bool = True) -> list[dict]:
     """Every (mode, batch) point of one shape; `save(rows)` after each (a call cut short keeps
     what it measured). `compile_only`: capture, launch each batch's sampler-alone call once,
     time nothing."""
     max_batch = max(batches)
     cfg = Config(vocab_size=vocab, max_num_reqs=max_batch, max_num_slots=max_batch,
                  logits_dtype=str(dtype).removeprefix("torch."), buckets=tuple(sorted(batches)),
-                 graph_backend="cuda", num_logprobs=MAX_LOGPROBS)
+                 graph_backend="cuda", num_logprobs=MAX_LOGPROBS, grammar_bitmask=grammar_bitmask)
     engine = Engine(cfg, device=device)
     for slot in range(max_batch):
         engine.add_request(slot, MODES["greedy"])
@@ -129,7 +133,8 @@ def run_shape(vocab: int, dtype: torch.dtype, modes, batches, iters: int, device
             n_iters = iters if batch > 32 else max(iters, SMALL_BATCH_ITERS)
             read = loop_us(gs_read, n_iters)
             inplace = loop_us(gs_inplace, n_iters)
-            rows.append(dict(common, path="graphshard", sampler_gpu_us=gpu_us,
+            rows.append(dict(common, path="graphshard", grammar_bitmask=grammar_bitmask,
+                             sampler_gpu_us=gpu_us,
                              slow_paths=slow_paths, step_read_us=read["step_us"],
                              step_read_p90_us=read["step_p90_us"],
                              step_inplace_us=inplace["step_us"],
@@ -203,6 +208,8 @@ def main(argv=None):
     parser.add_argument("--iters", type=int, default=30)
     parser.add_argument("--compile-only", action="store_true",
                         help="compile what the timing needs into Triton's cache; time nothing")
+    parser.add_argument("--no-grammar-bitmask", action="store_true",
+                        help="an engine whose config has grammar_bitmask = false")
     args = parser.parse_args(argv)
     device = torch.device("cuda", 0)
     rows = []
@@ -215,7 +222,7 @@ def main(argv=None):
         vocab, dtype = spec.split(":")
         rows += run_shape(int(vocab), getattr(torch, dtype), args.modes.split(","),
                           [int(b) for b in args.batches.split(",")], args.iters, device, save,
-                          args.compile_only)
+                          args.compile_only, not args.no_grammar_bitmask)
         torch.cuda.empty_cache()
     if args.compile_only:
         return

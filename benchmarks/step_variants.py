@@ -1,9 +1,10 @@
 """The tp = 1 decode-loop step in variants, timed in alternating rounds on one GPU.
 
 Usage: python3 -m benchmarks.step_variants [--modes greedy,top_k_top_p] [--batches 1,32]
-       [--rounds 8] [--steps 200] [--out variants.json]
+       [--rounds 8] [--steps 200] [--shape 152064:float32] [--out variants.json]
 
-V = 152064 fp32, logits `randn * 3`, every request with the mode's settings. Each round runs
+V = 152064 fp32 unless `--shape` says otherwise, logits `randn * 3`, every request with the
+mode's settings. Each round runs
 every variant's loop once (`--steps` back-to-back steps, each ending with the host read); a
 variant's figure is the median over rounds of its loop medians (and the smallest), so a slow
 spell of the host hits every variant alike.
@@ -11,10 +12,12 @@ spell of the host hits every variant alike.
 - `read`: `Engine.step`, then `Engine.read()` (the step's own copy to pinned memory);
 - `read_in_place`: as `read`, passing `logits=None` (the logits are already in
   `inputs.logits`) instead of the view `inputs.logits[:n]`;
+- `read_in_place_no_bitmask`: as `read_in_place`, on a second engine whose config has
+  `grammar_bitmask = false` (one scan launch a step instead of two, the finish without bitmask
+  support);
 - `sort_graph`: the PyTorch sort sampler captured in a graph, then `.cpu()` of its tokens.
-Two variants timed in earlier runs were dropped (BENCHMARKS.md): a sampler without bitmask
-support (one scan launch a step instead of two, 0-2 µs) and a fetch kernel reading the pinned
-staging rows itself (no copy node; the same as `read`).
+A variant timed in an earlier run was dropped (BENCHMARKS.md): a fetch kernel reading the
+pinned staging rows itself (no copy node; the same as `read`).
 """
 
 from __future__ import annotations
@@ -31,8 +34,6 @@ from benchmarks.timing import captured
 from graphshard.config import Config
 from graphshard.engine import Engine
 
-VOCAB = 152064
-
 
 def loop_median_us(step, steps: int) -> float:
     marks = [time.perf_counter()]
@@ -42,9 +43,10 @@ def loop_median_us(step, steps: int) -> float:
     return float(np.median(np.diff(marks))) * 1e6
 
 
-def build(batches, device) -> Engine:
-    cfg = Config(vocab_size=VOCAB, max_num_reqs=max(batches), max_num_slots=max(batches),
-                 buckets=tuple(sorted(batches)), graph_backend="cuda")
+def build(batches, vocab: int, dtype: torch.dtype, device, grammar_bitmask: bool = True) -> Engine:
+    cfg = Config(vocab_size=vocab, max_num_reqs=max(batches), max_num_slots=max(batches),
+                 logits_dtype=str(dtype).removeprefix("torch."), buckets=tuple(sorted(batches)),
+                 graph_backend="cuda", grammar_bitmask=grammar_bitmask)
     engine = Engine(cfg, device=device)
     for slot in range(cfg.max_num_slots):
         engine.add_request(slot, MODES["greedy"])
@@ -52,14 +54,18 @@ def build(batches, device) -> Engine:
     return engine
 
 
-def measure(modes, batches, rounds: int, steps: int, device) -> list[dict]:
-    engine = build(batches, device)
-    logits = make_logits(max(batches), engine.vocab, torch.float32, device)
+def measure(modes, batches, rounds: int, steps: int, device, vocab: int = 152064,
+            dtype: torch.dtype = torch.float32) -> list[dict]:
+    engine = build(batches, vocab, dtype, device)
+    lean = build(batches, vocab, dtype, device, grammar_bitmask=False)
+    logits = make_logits(max(batches), engine.vocab, dtype, device)
     engine.inputs.logits[:max(batches)].copy_(logits)
+    lean.inputs.logits[:max(batches)].copy_(logits)
     rows = []
     for mode in modes:
         for slot in range(max(batches)):
             engine.add_request(slot, MODES[mode], replace=True)
+            lean.add_request(slot, MODES[mode], replace=True)
         for n in batches:
             idx = np.arange(n, dtype=np.int32)
             cu, lens = np.arange(n + 1, dtype=np.int32), np.full(n, 100, np.int32)
@@ -76,9 +82,14 @@ def measure(modes, batches, rounds: int, steps: int, device) -> list[dict]:
                 engine.step(idx, cu, lens, None)
                 return engine.read()
 
-            base = TorchSortSampler(MODES[mode], logits[:n, :VOCAB])
+            def in_place_lean():
+                lean.step(idx, cu, lens, None)
+                return lean.read()
+
+            base = TorchSortSampler(MODES[mode], logits[:n, :vocab])
             graph, tokens = captured(base.step)
             variants = {"cpu": by_cpu, "read": by_read, "read_in_place": in_place,
+                        "read_in_place_no_bitmask": in_place_lean,
                         "sort_graph": lambda: (graph.replay(), tokens.cpu())}
             for fn in variants.values():
                 for _ in range(20):
@@ -88,9 +99,12 @@ def measure(modes, batches, rounds: int, steps: int, device) -> list[dict]:
                 for name, fn in variants.items():
                     torch.cuda.synchronize()
                     per_round[name].append(loop_median_us(fn, steps))
-            # The same batch and positions every step: both ways of passing the logits agree.
-            row = {"mode": mode, "batch": n,
-                   "records_agree": bool(np.array_equal(by_read().records, in_place().records))}
+            # The same batch and positions every step: both ways of passing the logits, and
+            # both engines, agree.
+            records = in_place().records
+            row = {"mode": mode, "batch": n, "vocab": vocab, "dtype": str(dtype),
+                   "records_agree": bool(np.array_equal(by_read().records, records)
+                                         and np.array_equal(in_place_lean().records, records))}
             for name, values in per_round.items():
                 row[f"{name}_us"] = float(np.median(values))
                 row[f"{name}_min_us"] = float(np.min(values))
@@ -98,6 +112,7 @@ def measure(modes, batches, rounds: int, steps: int, device) -> list[dict]:
             print(" ".join(f"{k}={v:.1f}" if isinstance(v, float) else f"{k}={v}"
                            for k, v in row.items()), flush=True)
     engine.close()
+    lean.close()
     return rows
 
 
@@ -107,10 +122,12 @@ def main(argv=None):
     parser.add_argument("--batches", default="1,32")
     parser.add_argument("--rounds", type=int, default=8)
     parser.add_argument("--steps", type=int, default=200)
+    parser.add_argument("--shape", default="152064:float32", help="vocab:dtype")
     parser.add_argument("--out", default="variants.json")
     args = parser.parse_args(argv)
+    vocab, dtype = args.shape.split(":")
     rows = measure(args.modes.split(","), [int(b) for b in args.batches.split(",")], args.rounds,
-                   args.steps, torch.device("cuda", 0))
+                   args.steps, torch.device("cuda", 0), int(vocab), getattr(torch, dtype))
     with open(args.out, "w") as f:
         json.dump(rows, f, indent=1)
 

@@ -75,6 +75,12 @@ class Config:
     strategy: str = "shard"
     fallback: str = "eager"
     num_logprobs: int = 0
+    # Whether steps may pass a grammar bitmask. An engine without (false) runs and compiles only
+    # the sampler's variants without bitmask support: one scan launch a step instead of two (the
+    # bitmask-capable one returns at once on a step without a bitmask), a finish with fewer
+    # registers, no bitmask buffer, fewer variants to compile at the first capture. A step
+    # given a bitmask then raises InvalidBatchError.
+    grammar_bitmask: bool = True
     # Seconds a rank waits for a peer before the step fails (p2p barriers, gloo collectives);
     # a CUDA step still running after twice this is aborted.
     timeout_s: float = 60.0
@@ -110,7 +116,7 @@ class Config:
         if isinstance(self.timeout_s, bool) or not isinstance(self.timeout_s, (int, float)) \
                 or not 0 < self.timeout_s <= 86400:
             _fail("timeout_s", self.timeout_s, "must be a number of seconds in (0, 86400]")
-        for field in ("check_agreement", "divergence_check"):
+        for field in ("grammar_bitmask", "check_agreement", "divergence_check"):
             if not isinstance(getattr(self, field), bool):
                 _fail(field, getattr(self, field), "must be true or false")
         self._resolve_buckets()

@@ -39,6 +39,8 @@ def test_default_buckets_follow_the_rule():
     ("buckets", [], "at least one"),
     ("max_num_logits_per_req", 1.5, "must be an integer"),
     ("num_logprobs", -1, "must be >= 0"),
+    ("grammar_bitmask", "no", "grammar_bitmask' = 'no': must be true or false"),
+    ("grammar_bitmask", 0, "grammar_bitmask' = 0: must be true or false"),
 ])
 def test_bad_fields_name_field_and_value(field, value, message):
     with pytest.raises(ConfigError, match=message):

@@ -51,7 +51,8 @@ COMPILE_SKEW_S = 600.0
 SAMPLER_CONTRACT = """A replacement sampler is a callable with the keyword signature of
 `graphshard.sample.kernels.sample`: `(logits, *, vocab_size, num_reqs, req_slots, cu_num_logits,
 seq_lens, tables, layout, records, max_num_reqs, draft_tokens, bitmask, bitmask_rows,
-bitmask_enabled)`. It runs inside the captured step, so it must:
+bitmask_enabled)`; the three bitmask arguments are None in an engine whose config has
+`grammar_bitmask = false`. It runs inside the captured step, so it must:
 - read the request count from `num_reqs` (int32 [1], device) and treat `max_num_reqs` as a static
   bound: no `.item()`, `.tolist()`, `.cpu()`, `nonzero` or Python branch on tensor values;
 - write one packed record per request j < n into `records[j]` (`graphshard.sample.records`
@@ -126,7 +127,8 @@ class Engine:
                                  vocab_shard=self.vocab_shard,
                                  bitmask_words=bitmask_words(self.vocab),
                                  logits_dtype=self.dtype, device=dev,
-                                 real_bitmask_words=bitmask_words(cfg.vocab_size))
+                                 real_bitmask_words=bitmask_words(cfg.vocab_size),
+                                 grammar_bitmask=cfg.grammar_bitmask)
         self.plan_buffers = PlanBuffers.allocate(n, m, self.tp_size, dev)
         # One workspace serves every graph: steps run one after another on one stream.
         self.workspace = SamplerWorkspace.allocate(n, m, cfg.vocab_size, dev)
@@ -156,9 +158,11 @@ class Engine:
         self.backend = make_backend(cfg.graph_backend, dev)
         if hasattr(self.backend, "register_static_buffers"):
             statics = {"meta": self.inputs.meta, "logits": self.inputs.logits,
-                       "drafts": self.inputs.draft_token_ids, "bitmask": self.inputs.grammar_bitmask,
+                       "drafts": self.inputs.draft_token_ids,
                        "local_records": self.local_records, "records": self.records,
                        "identity_rows": self.identity_rows, "workspace": self.workspace.buffer}
+            if self.inputs.grammar_bitmask is not None:
+                statics["bitmask"] = self.inputs.grammar_bitmask
             statics.update({f"plan.{k}": v for k, v in self.plan_buffers.as_dict().items()})
             statics.update({f"slots.{k}": v for k, v in vars(self.tables).items()
                             if isinstance(v, torch.Tensor)})
@@ -287,20 +291,21 @@ class Engine:
         bucket, strategy, capacity = key
         inp, pb, m = self.inputs, self.plan_buffers, self.config.max_num_logits_per_req
         full = inp.logits if self.transport is None else self.transport.receive_buffer()
+        masked = inp.grammar_bitmask is not None
         common = dict(vocab_size=self.config.vocab_size, tables=self.tables, layout=self.layout,
-                      bitmask=inp.grammar_bitmask, bitmask_enabled=inp.bitmask_on)
+                      bitmask=inp.grammar_bitmask, bitmask_enabled=inp.bitmask_on if masked else None)
         if strategy == SHARD:
             return functools.partial(
                 self.sample, full, num_reqs=pb.local_num_reqs, req_slots=pb.local_idx_mapping,
                 cu_num_logits=pb.local_cu_num_logits, seq_lens=pb.local_seq_lens,
                 records=self.local_records, max_num_reqs=_owned_reqs(bucket, capacity),
                 draft_tokens=pb.local_draft_tokens if m > 1 else None,
-                bitmask_rows=pb.local_row_src, **common)
+                bitmask_rows=pb.local_row_src if masked else None, **common)
         return functools.partial(
             self.sample, full, num_reqs=inp.num_reqs, req_slots=inp.idx_mapping,
             cu_num_logits=inp.cu_num_logits, seq_lens=inp.seq_lens, records=self.records,
             max_num_reqs=bucket, draft_tokens=inp.draft_token_ids if m > 1 else None,
-            bitmask_rows=self.identity_rows, **common)
+            bitmask_rows=self.identity_rows if masked else None, **common)
 
     def _step_fn(self, key: tuple):
         bucket, strategy, capacity = key
@@ -423,7 +428,8 @@ class Engine:
         - `draft_token_ids` [num_logits] int32 or None: row k's draft token, compared with what
           row k samples (longest matching prefix accepted); a request's last row is ignored.
         - `grammar_bitmask` [num_logits, ceil(vocab / 32)] int32 or None (ceil(vocab_size / 32)
-          words accepted too): bit t % 32 of word t // 32 allows token t on that row.
+          words accepted too): bit t % 32 of word t // 32 allows token t on that row. Refused
+          by an engine whose config has `grammar_bitmask = false`.
 
         Example, 3 requests, request 1 verifying two drafts (5, 9), max_num_logits_per_req 3:
         idx_mapping [4, 0, 7], cu_num_logits [0, 1, 4, 5], seq_lens [12, 30, 7], logits [5, V/tp]
@@ -532,6 +538,7 @@ class Engine:
             # Replicated checks first: a rank's own tensor error must not hide them.
             if self.captured:
                 self.graphs.check_fits(idx.shape[0])
+            self.inputs.check_supported(drafts, bitmask)
             checked = (idx, cu, lens)
             local_error = self.inputs.tensor_error(logits, drafts, bitmask, int(cu[-1]))
         except (InvalidBatchError, TypeError) as e:
@@ -572,6 +579,7 @@ class Engine:
                                                        require_active=False)
             if self.captured:
                 self.graphs.check_fits(idx.shape[0])
+            self.inputs.check_supported(drafts, bitmask)
         except (InvalidBatchError, TypeError):
             return None
         if self.inputs.tensor_error(logits, drafts, bitmask, int(cu[-1])) is not None:

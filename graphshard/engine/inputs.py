@@ -1,7 +1,8 @@
 """The engine's static input buffers: what the host stages per step and what it copies in.
 
+`check_supported` refuses drafts or a bitmask the config has no room for (a replicated check);
 `tensor_error` checks a rank's own tensors against the buffers they are copied into;
-`tensors_fit` is its cheap form for the common case (True only where `tensor_error` would find
+`tensors_fit` is the cheap form of both for the common case (True only where they would find
 nothing). The engine calls them (and checks the replicated inputs) before any `stage` or
 `write_tensors`, so those only copy.
 
@@ -24,9 +25,10 @@ class StepInputs:
 
     def __init__(self, *, max_num_reqs: int, max_num_logits_per_req: int, vocab_shard: int,
                  bitmask_words: int, logits_dtype: torch.dtype, device: torch.device,
-                 real_bitmask_words: int | None = None):
+                 real_bitmask_words: int | None = None, grammar_bitmask: bool = True):
         """`real_bitmask_words` (<= `bitmask_words`) is a bitmask width also accepted: one that
-        covers the real vocabulary but not the padding."""
+        covers the real vocabulary but not the padding. Without `grammar_bitmask` there is no
+        bitmask buffer (`self.grammar_bitmask` is None) and a step's bitmask is refused."""
         n, rows = max_num_reqs, max_num_reqs * max_num_logits_per_req
         self.max_num_reqs, self.max_num_rows = n, rows
         self.max_num_logits_per_req = max_num_logits_per_req
@@ -41,13 +43,15 @@ class StepInputs:
         self.stage = self.staged.write
         self.logits = torch.zeros(rows, vocab_shard, dtype=logits_dtype, device=device)  # [rows, V/T]
         self.draft_token_ids = torch.full((rows,), -1, dtype=torch.int32, device=device)
-        self.grammar_bitmask = torch.full((rows, bitmask_words), -1, dtype=torch.int32, device=device)
+        self.grammar_bitmask = torch.full((rows, bitmask_words), -1, dtype=torch.int32,
+                                          device=device) if grammar_bitmask else None
         # Rows of draft_token_ids written since they last held -1 (a step without drafts
         # resets only those, and only once).
         self._dirty_draft_rows = 0
         self._spans = {name: _span(t) for name, t in (("logits", self.logits),
                                                        ("drafts", self.draft_token_ids),
-                                                       ("bitmask", self.grammar_bitmask))}
+                                                       ("bitmask", self.grammar_bitmask))
+                       if t is not None}
         self._on_device = _device_test(device)
         self._logits_ptr = self._spans["logits"][0]
         self._dtype, self._vocab_shard = logits_dtype, vocab_shard
@@ -87,7 +91,8 @@ class StepInputs:
             self._dirty_draft_rows = 0
 
     def tensors_fit(self, logits, drafts, bitmask, num_logits: int) -> bool:
-        """True only where `tensor_error` finds nothing; False sends the caller to it."""
+        """True only where `check_supported` and `tensor_error` find nothing; False sends the
+        caller to them."""
         if logits is not None and not self._logits_fit(logits, num_logits):
             return False
         if drafts is None and bitmask is None:
@@ -95,7 +100,8 @@ class StepInputs:
         if drafts is not None and (self.max_num_logits_per_req == 1
                                    or not self._int32_fits(drafts, "drafts", num_logits, 1)):
             return False
-        return bitmask is None or self._int32_fits(bitmask, "bitmask", num_logits, 2)
+        return bitmask is None or (self.grammar_bitmask is not None
+                                   and self._int32_fits(bitmask, "bitmask", num_logits, 2))
 
     def _logits_fit(self, logits, num_logits: int) -> bool:
         if not (isinstance(logits, torch.Tensor) and logits.dtype is self._dtype
@@ -117,14 +123,22 @@ class StepInputs:
         return t.numel() == 0 or not lo <= t.data_ptr() < hi
 
     # -- checks of this rank's own tensors ----------------------------------------------------------
+    def check_supported(self, drafts, bitmask) -> None:
+        """Raise InvalidBatchError for drafts or a bitmask the config leaves no room for. Whether
+        a step has them is the same on every rank (the divergence check compares it), so this
+        is a replicated check, unlike `tensor_error`, which it precedes."""
+        if drafts is not None and self.max_num_logits_per_req == 1:
+            raise InvalidBatchError("draft_token_ids given but max_num_logits_per_req is 1")
+        if bitmask is not None and self.grammar_bitmask is None:
+            raise InvalidBatchError("grammar_bitmask given but the config has grammar_bitmask = false")
+
     def tensor_error(self, logits, drafts, bitmask, num_logits: int) -> Exception | None:
-        """What is wrong with a step's logits, drafts or bitmask (the exception to raise), or None."""
+        """What is wrong with a step's logits, drafts or bitmask (the exception to raise), or None;
+        after `check_supported`."""
         try:
             if logits is not None:  # None: already in `self.logits`
                 self._check_logits(logits, num_logits)
             if drafts is not None:
-                if self.max_num_logits_per_req == 1:
-                    raise InvalidBatchError("draft_token_ids given but max_num_logits_per_req is 1")
                 _check_int32("draft_token_ids", drafts, (num_logits,), self.device)
                 _check_not_misplaced("draft_token_ids", drafts, self.draft_token_ids)
             if bitmask is not None:

@@ -17,8 +17,13 @@ from graphshard.sample.kernels import bitmask_words, sample
 def sample_unsharded(full_logits: torch.Tensor, *, idx_mapping: np.ndarray, cu_num_logits: np.ndarray,
                      seq_lens: np.ndarray, tables: SlotTables, layout: RecordLayout, vocab_size: int,
                      draft_token_ids: torch.Tensor | None = None,
-                     grammar_bitmask: torch.Tensor | None = None) -> SamplerOutput:
-    """Sample the batch [n] from `full_logits` [num_logits, padded_vocab] (batch order)."""
+                     grammar_bitmask: torch.Tensor | None = None,
+                     bitmask_support: bool = True) -> SamplerOutput:
+    """Sample the batch [n] from `full_logits` [num_logits, padded_vocab] (batch order).
+    `bitmask_support` launches the sampler as an engine with that config's `grammar_bitmask`
+    does (the same compiled kernels); without it no bitmask may be given."""
+    if grammar_bitmask is not None and not bitmask_support:
+        raise ValueError("grammar_bitmask given with bitmask_support=False")
     device = full_logits.device
     n = idx_mapping.shape[0]
     width = max(n, 1)
@@ -30,26 +35,30 @@ def sample_unsharded(full_logits: torch.Tensor, *, idx_mapping: np.ndarray, cu_n
 
     records = torch.full((width, layout.width), -2, dtype=torch.int32, device=device)
     rows = full_logits.shape[0]
-    # The engine's sampler always has a bitmask and a device flag saying whether the step uses
-    # it, and drafts whenever requests have several rows (-1: none). The oracle launches the
-    # same way, so a run compiles one sampler specialization, not one per input combination
-    # (each takes over a minute to compile for a GPU). A flag of 0 leaves the mask unread and
+    # The engine's sampler has a bitmask and a device flag saying whether the step uses it
+    # (unless its config has grammar_bitmask = false), and drafts whenever requests have
+    # several rows (-1: none). The oracle launches the same way, so a run compiles one sampler
+    # specialization, not one per input combination (each takes over a minute to compile for a
+    # GPU). A flag of 0 leaves the mask unread and
     # drafts of -1 accept nothing: the same as passing neither. The choices the sampler makes
     # by its grid's rows (chunks per scan program, finish programs, the finish's register cap)
     # can still differ between this grid of n rows and the engine's bucket: one compile more,
     # the same results.
-    bitmask_on = torch.tensor([int(grammar_bitmask is not None)], dtype=torch.int32, device=device)
-    if grammar_bitmask is None:
-        grammar_bitmask = torch.zeros((1, bitmask_words(vocab_size)), dtype=torch.int32,
-                                      device=device)
+    bitmask = dict(bitmask=None, bitmask_rows=None, bitmask_enabled=None)
+    if bitmask_support:
+        bitmask_on = torch.tensor([int(grammar_bitmask is not None)], dtype=torch.int32,
+                                  device=device)
+        if grammar_bitmask is None:
+            grammar_bitmask = torch.zeros((1, bitmask_words(vocab_size)), dtype=torch.int32,
+                                          device=device)
+        bitmask = dict(bitmask=grammar_bitmask, bitmask_enabled=bitmask_on,
+                       bitmask_rows=torch.arange(rows, dtype=torch.int32, device=device) * bitmask_on)
     if draft_token_ids is None and layout.max_num_logits_per_req > 1:
         draft_token_ids = torch.full((rows,), -1, dtype=torch.int32, device=device)
     sample(full_logits, vocab_size=vocab_size, num_reqs=torch.tensor([n], dtype=torch.int32, device=device),
            req_slots=dev(idx_mapping, width), cu_num_logits=dev(cu_num_logits, width + 1),
            seq_lens=dev(seq_lens, width), tables=tables, layout=layout, records=records,
-           max_num_reqs=width, draft_tokens=draft_token_ids, bitmask=grammar_bitmask,
-           bitmask_rows=torch.arange(rows, dtype=torch.int32, device=device) * bitmask_on,
-           bitmask_enabled=bitmask_on)
+           max_num_reqs=width, draft_tokens=draft_token_ids, **bitmask)
     return unpack(records[:n], layout)
 
 

@@ -62,7 +62,14 @@ class Workload:
     """Deterministic request churn. `next_batch()` returns the inputs of the next decode step."""
 
     def __init__(self, cfg: Config, seed: int = 0, *, max_batch: int | None = None,
-                 grammar: bool = True, spec: bool = True, nan_rate: float = 0.002):
+                 grammar: bool | None = None, spec: bool = True, nan_rate: float = 0.002):
+        """`grammar`: some requests are constrained by a grammar bitmask (by default when the
+        config's `grammar_bitmask` allows it); `spec`: requests verify drafts (when the config
+        has more than one logits row per request)."""
+        if grammar is None:
+            grammar = cfg.grammar_bitmask
+        elif grammar and not cfg.grammar_bitmask:
+            raise ValueError("grammar=True needs a config with grammar_bitmask = true")
         self.cfg = cfg
         self.rng = np.random.default_rng(seed)
         self.seed = seed

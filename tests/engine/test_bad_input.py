@@ -255,7 +255,8 @@ def snapshot(engine) -> dict:
                **{f"plan.{k}": v for k, v in engine.plan_buffers.as_dict().items()},
                **{f"slots.{k}": v for k, v in vars(engine.tables).items() if isinstance(v, torch.Tensor)}}
     # Bytes, not values: NaN != NaN, and -0.0 == 0.0.
-    snap = {k: t.detach().clone().contiguous().view(torch.uint8) for k, t in tensors.items()}
+    snap = {k: t.detach().clone().contiguous().view(torch.uint8) for k, t in tensors.items()
+            if t is not None}
     snap["active"] = engine.checker.active.copy()
     stats = engine.stats()
     snap["counters"] = (stats["replays"], stats["eager_fallbacks"], engine.eager_steps, engine.steps)
@@ -330,6 +331,57 @@ def test_drafts_without_speculative_rows_are_refused():
         engine.step(np.arange(2), np.arange(3), np.zeros(2, np.int32),
                     torch.zeros(2, engine.vocab_shard), draft_token_ids=torch.zeros(2, dtype=torch.int32))
     assert not changed_since(before, engine)
+
+
+UNSUPPORTED = "grammar_bitmask given but the config has grammar_bitmask = false"
+
+
+def _refuse_unsupported(rank, world, cfg):
+    """An engine without bitmask support refuses a bitmask (and one without speculative rows
+    refuses drafts) on every rank alike, changing nothing; its next steps equal the oracle's."""
+    engine, tables = build_engine(cfg)
+    assert engine.inputs.grammar_bitmask is None
+    results = []
+    for seed in range(3):
+        good = replace(make_batch(random.Random(seed), 1 + seed, engine.vocab), bitmask=None)
+        bad = [replace(good, bitmask=torch.zeros(len(good.full), bitmask_words(engine.vocab),
+                                                  dtype=torch.int32))]
+        if cfg.max_num_logits_per_req == 1:
+            good = replace(good, cu=np.arange(len(good.idx) + 1, dtype=np.int32),
+                           full=good.full[:len(good.idx)], drafts=None)
+            bad = [replace(good, bitmask=bad[0].bitmask[:len(good.idx)]),
+                   replace(good, drafts=torch.zeros(len(good.idx), dtype=torch.int32))]
+        else:
+            good = replace(good, drafts=None)
+        for b in bad:
+            before = snapshot(engine)
+            try:
+                b.step(engine)
+                raised = None
+            except InvalidBatchError as e:
+                raised = str(e)
+            results.append((raised, changed_since(before, engine)))
+        out = good.step(engine)
+        want = sample_unsharded(good.full, idx_mapping=good.idx, cu_num_logits=good.cu,
+                                seq_lens=good.lens, tables=tables, layout=engine.layout,
+                                vocab_size=V, bitmask_support=False)
+        results.append(compare(out, want))
+    return results
+
+
+@pytest.mark.parametrize("tp, rows", [(1, M), (2, 1)])
+def test_what_the_config_leaves_no_room_for_is_refused_on_every_rank(tp, rows):
+    cfg = CFG.replace(grammar_bitmask=False, max_num_logits_per_req=rows, fallback="eager")
+    per_rank = [_refuse_unsupported(0, 1, cfg)] if tp == 1 else \
+        spawn(_refuse_unsupported, tp, cfg, timeout_s=900)
+    for results in per_rank:
+        assert results == per_rank[0]
+        refusals = [r for r in results if isinstance(r, tuple)]
+        assert len(refusals) == 3 * (2 if rows == 1 else 1)
+        for raised, changed in refusals:
+            assert raised in (UNSUPPORTED, "draft_token_ids given but max_num_logits_per_req is 1")
+            assert not changed
+        assert [r for r in results if not isinstance(r, tuple)] == [None] * 3
 
 
 @pytest.mark.parametrize("cu, message", [

@@ -49,6 +49,17 @@ def test_wide_groups_equal_the_oracle(tp, transport):
     assert sum(r["verified"] for r in results) == 12
 
 
+def test_an_engine_without_bitmask_support_equals_the_oracle():
+    """`grammar_bitmask = false`: the workload constrains no request, the steps launch the
+    sampler without bitmask support, the oracle too."""
+    cfg = SMALL.replace(grammar_bitmask=False, buckets=(2, 8), max_num_reqs=10)
+    results = spawn(_decode_loop, 2, cfg, 12, 3, timeout_s=900)
+    assert all(r["steps"] == 12 for r in results)
+    assert sum(r["verified"] for r in results) == 12
+    with pytest.raises(ValueError, match="grammar_bitmask = true"):
+        Workload(cfg, grammar=True)
+
+
 def _auto_strategy(rank, world, cfg):
     engine = Engine(cfg)
     engine.capture()

@@ -74,9 +74,10 @@ def _launches(rank, world, cfg):
 
 # "auto" records both strategies' keys; its eager steps take the one timing chose for the
 # largest bucket, so "shard" pins the shard eager keys.
-@pytest.mark.parametrize("tp, strategy", [(1, "replicate"), (2, "auto"), (2, "shard")])
-def test_compiled_ahead_holds_what_captures_and_eager_steps_launch(tp, strategy):
-    cfg = CFG.replace(strategy=strategy)
+@pytest.mark.parametrize("tp, strategy, grammar", [(1, "replicate", True), (2, "auto", True),
+                                                   (2, "shard", True), (2, "shard", False)])
+def test_compiled_ahead_holds_what_captures_and_eager_steps_launch(tp, strategy, grammar):
+    cfg = CFG.replace(strategy=strategy, grammar_bitmask=grammar)
     if tp == 1:
         results = [_launches(0, 1, cfg)]
     else:
@@ -85,9 +86,26 @@ def test_compiled_ahead_holds_what_captures_and_eager_steps_launch(tp, strategy)
         assert captured <= ahead and eager <= ahead
         assert eager - captured  # steps above the largest bucket launch variants of their own
         assert {name for name, *_ in captured} == {"_scan_kernel", "_finish_kernel"}
-        # Both scan variants (bitmask support and none) and one finish per graph.
-        assert len(captured) >= 3 * len(CFG.buckets)
+        masks = {_bitmask_args(launch) for launch in ahead | eager}
+        if grammar:
+            # Both scan variants (bitmask support and none) and one finish per graph.
+            assert len(captured) >= 3 * len(CFG.buckets)
+            assert masks != {_NO_BITMASK}
+        else:
+            # One scan and one finish per graph, none with a bitmask or its flag.
+            assert len(captured) == 2 * len(CFG.buckets)
+            assert masks == {_NO_BITMASK}
         assert stats["eager_fallbacks"] == CFG.max_num_reqs - CFG.max_bucket
+
+
+# Both kernels' positional (mask, bitmask_stride, bitmask_enabled) without bitmask support.
+_NO_BITMASK = tuple(_describe(v) for v in (None, 0, None))
+
+
+def _bitmask_args(launch):
+    """(mask, bitmask_stride, bitmask_enabled) of a described launch: its positional arguments
+    (logits, num_reqs, req_slots, cu_num_logits, seq_lens, mask, stride, flag, ...)."""
+    return launch[2][1:][5:8]
 
 
 def test_eager_keys_cover_every_size_and_capacity_above_the_largest_bucket():
