@@ -23,7 +23,7 @@ def pytest_benchmark_update_machine_info(config, machine_info):
             machine_info["nccl"] = ".".join(map(str, torch.cuda.nccl.version()))
 
 
-@pytest.fixture
+@pytest.fixture(scope="session")
 def cuda():
     if not torch.cuda.is_available():
         pytest.skip("needs a CUDA GPU; none is present")

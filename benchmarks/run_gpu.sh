@@ -9,7 +9,7 @@
 # Comparing the sampler's kernel times with another commit: benchmarks/ab_kernels.sh.
 # Several trees at once (an ablation): benchmarks/ab_trees.sh; with GPU tests of one tree
 # compiled while the trees warm up, in one call: benchmarks/ab_call.sh.
-# Files: machine.txt, run.log (everything printed), sampling.json, bench.json, exchange.json,
+# Files: machine.txt, run.log (everything printed), sampling.json, bench.json, sampler_table.md, exchange.json,
 # gpu_report.jsonl, graph_read.json, variants.json, timeline.json, sweep/loop.{json,md,png},
 # sweep/auto.json.
 set -uo pipefail
@@ -28,7 +28,7 @@ status=0
 } > "$OUT/machine.txt" 2>&1
 cat "$OUT/machine.txt"
 # Budgets in seconds (one device call may run 10 minutes in all).
-T_KERNELS=${T_KERNELS:-560} T_SAMPLING=${T_SAMPLING:-300} T_TESTS=${T_TESTS:-300} T_RELIABILITY=${T_RELIABILITY:-420} T_BENCH=${T_BENCH:-90} T_SWEEP=${T_SWEEP:-300} T_PROFILE=${T_PROFILE:-120} T_DIVERGENCE=${T_DIVERGENCE:-540}
+T_KERNELS=${T_KERNELS:-560} T_SAMPLING=${T_SAMPLING:-300} T_TESTS=${T_TESTS:-300} T_RELIABILITY=${T_RELIABILITY:-420} T_BENCH=${T_BENCH:-420} T_SWEEP=${T_SWEEP:-300} T_PROFILE=${T_PROFILE:-120} T_DIVERGENCE=${T_DIVERGENCE:-540}
 if want kernels; then
   echo "== sampler tests, compiled" | tee -a "$log"
   timeout "$T_KERNELS" python3 -m pytest -q -rs -x --timeout=200 ${KERNEL_ARGS:-tests/sample/test_rows.py tests/gpu/test_sampler_gpu.py tests/sample/test_floor.py tests/sample/test_search.py tests/gpu/test_kernels_gpu.py tests/sample/test_sampler.py} 2>&1 | tee -a "$log" || status=1
@@ -55,8 +55,10 @@ if want divergence; then
 fi
 if want bench; then
   echo "== pytest-benchmark suites" | tee -a "$log"
+  # The sampler module compiles its variants first (on every core; seconds with a carried cache).
   timeout "$T_BENCH" python3 -m pytest -q benchmarks --benchmark-json="$OUT/bench.json" \
     --benchmark-columns=median,iqr,rounds 2>&1 | tee -a "$log" || status=1
+  python3 -m benchmarks.sampler_table "$OUT/bench.json" --out "$OUT/sampler_table.md" 2>&1 | tee -a "$log" || status=1
 fi
 if want exchange; then
   echo "== exchange microbenchmark" | tee -a "$log"
