@@ -130,8 +130,10 @@ class Settings:
 
 def config(s: Settings) -> Config:
     buckets = tuple(b for b in (1, 2, 4, 8, 16, 32, 64, 128, 256) if b < s.max_batch) + (s.max_batch,)
+    # No request here is constrained by a grammar: an engine told so launches and compiles only
+    # the sampler's variants without bitmask support.
     return Config(vocab_size=s.vocab_size, max_num_reqs=s.max_batch, max_num_slots=2 * s.max_batch,
-                  buckets=buckets, num_logprobs=3)
+                  buckets=buckets, num_logprobs=3, grammar_bitmask=False)
 
 
 def decode_loop(engine: Engine, decoder: TinyDecoder, requests: list[Request], sample) -> list[float]:
