@@ -5,7 +5,7 @@ compiles for sm_90 (`--arch`) and nothing can launch.
 
 Usage: TRITON_INTERPRET=0 TRITON_CACHE_DIR=EMPTY_DIR python3 -m benchmarks.compile_ahead
        [--workers N] [--arch 90] [profile_kernels args: --vocab --dtype --modes --batches --k
-       --bitmask --splits-per-program]
+       --bitmask --pdl --splits-per-program]
 Give each run an empty cache folder: a variant found in the cache loads in well under a second.
 Prints the variants, the workers and the seconds.
 """
@@ -18,9 +18,8 @@ import sys
 import time
 
 import torch
-import triton
 
-from benchmarks.prebuild import CompileOnlyDriver
+from benchmarks.prebuild import compile_only
 from benchmarks.profile_kernels import compile_ahead, parse_args, sampler_calls
 from graphshard.runtime.launch import compile_workers
 
@@ -36,7 +35,7 @@ def main(argv=None):
         sys.exit("the kernels were loaded for the interpreter: run with TRITON_INTERPRET=0")
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     if device.type == "cpu":
-        triton.runtime.driver.set_active(CompileOnlyDriver(opts.arch))
+        compile_only(opts.arch)
     calls = [call for _, _, call, _ in sampler_calls(args, device)]
     start = time.perf_counter()
     variants = compile_ahead(calls, opts.workers)

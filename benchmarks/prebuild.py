@@ -14,7 +14,7 @@ run finds every kernel compiled; on the GPU machine itself, `--jobs` compiles th
 cores at once.
 
 Usage: TRITON_INTERPRET=0 TRITON_CACHE_DIR=DIR python3 -m benchmarks.prebuild [--jobs N] [--arch 90]
-       [profile_kernels args: --vocab --dtype --modes --batches --k --bitmask
+       [profile_kernels args: --vocab --dtype --modes --batches --k --bitmask --pdl
         --splits-per-program]
        TRITON_CACHE_DIR=DIR python3 -m benchmarks.prebuild --relocate
 Run it from each source tree to be timed, with the same DIR: the cache is keyed by the
@@ -51,6 +51,16 @@ from triton.backends.compiler import GPUTarget
 
 from benchmarks.profile_kernels import parse_args, sampler_calls
 from graphshard.sample.kernels import _finish_kernel, _scan_kernel
+
+
+def compile_only(arch: int) -> None:
+    """Make this process compile for sm_`arch` without a GPU: the compile-only driver, and the
+    sampler's check that its device can launch programmatic dependents (`--pdl`) set aside, as
+    nothing here launches."""
+    import graphshard.sample.kernels as kernels
+
+    triton.runtime.driver.set_active(CompileOnlyDriver(arch))
+    kernels.check_pdl = lambda *args: None
 
 
 class CompileOnlyDriver:
@@ -212,7 +222,7 @@ def main(argv=None):
     if os.environ.get("TRITON_INTERPRET") == "1":
         # Importing graphshard turns the interpreter on where there is no CUDA.
         sys.exit("the kernels were loaded for the interpreter: run with TRITON_INTERPRET=0")
-    triton.runtime.driver.set_active(CompileOnlyDriver(opts.arch))
+    compile_only(opts.arch)
     if opts.libtriton is not None:
         key_for_library(opts.libtriton)
     start = time.perf_counter()

@@ -86,12 +86,14 @@ class TorchSortSampler:
 
 
 def sampler_call(logits: torch.Tensor, vocab: int, params: SamplingParams, num_logprobs: int,
-                 device, bitmask: bool = False, splits_per_program: int | None = None) -> tuple:
+                 device, bitmask: bool = False, splits_per_program: int | None = None,
+                 pdl: bool = False) -> tuple:
     """(call, workspace): `call()` launches the sampler once over `logits` [batch, padded vocab],
     every row a one-row request with `params` (layout K = `num_logprobs`, positions 100). With
     `bitmask`, as the engine launches it: a grammar bitmask that allows every token, switched on
     by a device flag (both scan variants launch; the bitmask one streams). `splits_per_program`
-    overrides the sampler's choice of vocabulary chunks per scan program. The set-up is done
+    overrides the sampler's choice of vocabulary chunks per scan program; `pdl` launches the
+    sampler's kernels as programmatic dependents (as `Engine.programmatic_launch`). The set-up is done
     here, once: `call` only launches, so it can be timed or captured."""
     batch = logits.shape[0]
     layout = RecordLayout(1, num_logprobs)
@@ -111,6 +113,6 @@ def sampler_call(logits: torch.Tensor, vocab: int, params: SamplingParams, num_l
     def call():
         sample(logits, vocab_size=vocab, num_reqs=n, req_slots=idx, cu_num_logits=cu, seq_lens=lens,
                tables=tables, layout=layout, records=records, max_num_reqs=batch, workspace=ws,
-               splits_per_program=splits_per_program, **mask)
+               splits_per_program=splits_per_program, pdl=pdl, **mask)
 
     return call, ws

@@ -12,9 +12,10 @@ spell of the host hits every variant alike.
 - `read`: `Engine.step`, then `Engine.read()` (the step's own copy to pinned memory);
 - `read_in_place`: as `read`, passing `logits=None` (the logits are already in
   `inputs.logits`) instead of the view `inputs.logits[:n]`;
-- `read_in_place_no_bitmask`: as `read_in_place`, on a second engine whose config has
-  `grammar_bitmask = false` (one scan launch a step instead of two, the finish without bitmask
-  support);
+- `read_in_place_<name>`: as `read_in_place`, on another engine (`OTHER_ENGINES`): `no_bitmask`
+  (`grammar_bitmask = false`: one scan launch a step instead of two, the finish without bitmask
+  support), `pdl` (`programmatic_launch = true`: the sampler's kernels and the publish launched
+  as programmatic dependents), and both;
 - `sort_graph`: the PyTorch sort sampler captured in a graph, then `.cpu()` of its tokens.
 A variant timed in an earlier run was dropped (BENCHMARKS.md): a fetch kernel reading the
 pinned staging rows itself (no copy node; the same as `read`).
@@ -43,10 +44,16 @@ def loop_median_us(step, steps: int) -> float:
     return float(np.median(np.diff(marks))) * 1e6
 
 
-def build(batches, vocab: int, dtype: torch.dtype, device, grammar_bitmask: bool = True) -> Engine:
+# The engines timed in place beside the default one: name -> config changes.
+OTHER_ENGINES = {"no_bitmask": dict(grammar_bitmask=False),
+                 "pdl": dict(programmatic_launch=True),
+                 "no_bitmask_pdl": dict(grammar_bitmask=False, programmatic_launch=True)}
+
+
+def build(batches, vocab: int, dtype: torch.dtype, device, **changes) -> Engine:
     cfg = Config(vocab_size=vocab, max_num_reqs=max(batches), max_num_slots=max(batches),
                  logits_dtype=str(dtype).removeprefix("torch."), buckets=tuple(sorted(batches)),
-                 graph_backend="cuda", grammar_bitmask=grammar_bitmask)
+                 graph_backend="cuda", **changes)
     engine = Engine(cfg, device=device)
     for slot in range(cfg.max_num_slots):
         engine.add_request(slot, MODES["greedy"])
@@ -57,15 +64,16 @@ def build(batches, vocab: int, dtype: torch.dtype, device, grammar_bitmask: bool
 def measure(modes, batches, rounds: int, steps: int, device, vocab: int = 152064,
             dtype: torch.dtype = torch.float32) -> list[dict]:
     engine = build(batches, vocab, dtype, device)
-    lean = build(batches, vocab, dtype, device, grammar_bitmask=False)
+    others = {name: build(batches, vocab, dtype, device, **changes)
+              for name, changes in OTHER_ENGINES.items()}
     logits = make_logits(max(batches), engine.vocab, dtype, device)
-    engine.inputs.logits[:max(batches)].copy_(logits)
-    lean.inputs.logits[:max(batches)].copy_(logits)
+    for e in (engine, *others.values()):
+        e.inputs.logits[:max(batches)].copy_(logits)
     rows = []
     for mode in modes:
         for slot in range(max(batches)):
-            engine.add_request(slot, MODES[mode], replace=True)
-            lean.add_request(slot, MODES[mode], replace=True)
+            for e in (engine, *others.values()):
+                e.add_request(slot, MODES[mode], replace=True)
         for n in batches:
             idx = np.arange(n, dtype=np.int32)
             cu, lens = np.arange(n + 1, dtype=np.int32), np.full(n, 100, np.int32)
@@ -78,18 +86,16 @@ def measure(modes, batches, rounds: int, steps: int, device, vocab: int = 152064
                 engine.step(idx, cu, lens, engine.inputs.logits[:n])
                 return engine.read()
 
-            def in_place():
-                engine.step(idx, cu, lens, None)
-                return engine.read()
-
-            def in_place_lean():
-                lean.step(idx, cu, lens, None)
-                return lean.read()
+            def in_place_of(e):
+                def in_place():
+                    e.step(idx, cu, lens, None)
+                    return e.read()
+                return in_place
 
             base = TorchSortSampler(MODES[mode], logits[:n, :vocab])
             graph, tokens = captured(base.step)
-            variants = {"cpu": by_cpu, "read": by_read, "read_in_place": in_place,
-                        "read_in_place_no_bitmask": in_place_lean,
+            variants = {"cpu": by_cpu, "read": by_read, "read_in_place": in_place_of(engine),
+                        **{f"read_in_place_{name}": in_place_of(e) for name, e in others.items()},
                         "sort_graph": lambda: (graph.replay(), tokens.cpu())}
             for fn in variants.values():
                 for _ in range(20):
@@ -101,18 +107,19 @@ def measure(modes, batches, rounds: int, steps: int, device, vocab: int = 152064
                     per_round[name].append(loop_median_us(fn, steps))
             # The same batch and positions every step: both ways of passing the logits, and
             # both engines, agree.
-            records = in_place().records
+            records = variants["read_in_place"]().records
+            agree = [np.array_equal(variants[name]().records, records)
+                     for name in variants if name.startswith("read")]
             row = {"mode": mode, "batch": n, "vocab": vocab, "dtype": str(dtype),
-                   "records_agree": bool(np.array_equal(by_read().records, records)
-                                         and np.array_equal(in_place_lean().records, records))}
+                   "records_agree": bool(all(agree))}
             for name, values in per_round.items():
                 row[f"{name}_us"] = float(np.median(values))
                 row[f"{name}_min_us"] = float(np.min(values))
             rows.append(row)
             print(" ".join(f"{k}={v:.1f}" if isinstance(v, float) else f"{k}={v}"
                            for k, v in row.items()), flush=True)
-    engine.close()
-    lean.close()
+    for e in (engine, *others.values()):
+        e.close()
     return rows
 
 

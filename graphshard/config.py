@@ -81,6 +81,13 @@ class Config:
     # registers, no bitmask buffer, fewer variants to compile at the first capture. A step
     # given a bitmask then raises InvalidBatchError.
     grammar_bitmask: bool = True
+    # Launch the sampler's kernels (and at tp = 1 the step's last kernel) as programmatic
+    # dependents of the kernel before each, where the GPU can (compute capability 9.0+;
+    # `graphshard.runtime.pdl`): each may be scheduled while its predecessor finishes and waits
+    # for it before touching memory, so the results are the same and the gaps between kernels
+    # shorter. Ignored on other devices (`Engine.programmatic_launch` says what applies). Off by
+    # default: its effect on a step has not been measured (BENCHMARKS.md).
+    programmatic_launch: bool = False
     # Seconds a rank waits for a peer before the step fails (p2p barriers, gloo collectives);
     # a CUDA step still running after twice this is aborted.
     timeout_s: float = 60.0
@@ -116,7 +123,8 @@ class Config:
         if isinstance(self.timeout_s, bool) or not isinstance(self.timeout_s, (int, float)) \
                 or not 0 < self.timeout_s <= 86400:
             _fail("timeout_s", self.timeout_s, "must be a number of seconds in (0, 86400]")
-        for field in ("grammar_bitmask", "check_agreement", "divergence_check"):
+        for field in ("grammar_bitmask", "programmatic_launch", "check_agreement",
+                      "divergence_check"):
             if not isinstance(getattr(self, field), bool):
                 _fail(field, getattr(self, field), "must be true or false")
         self._resolve_buckets()

@@ -121,7 +121,7 @@ def report() -> list[dict]:
             common.update({n: t for n, t in optional.items() if t is not None})
             shared = dict({n: None for n, t in optional.items() if t is None}, VOCAB=vocab, M=m,
                           K=k, SPLITS=splits, CAP=pool_size_for(splits, vocab, None),
-                          BLOCK=sampler.SCAN_BLOCK_SIZE)
+                          BLOCK=sampler.SCAN_BLOCK_SIZE, PDL=False)
             tag = {"vocab": vocab, "dtype": dtype, "M": m, "K": k, "bitmask": bitmask}
             options = sampler.scan_options(bitmask, sampler.SCAN_BLOCK_SIZE)
             num_warps = options.pop("num_warps")
@@ -169,7 +169,8 @@ def _publish_kernels(tmp: str) -> list[dict]:
     args = {n: "*i64" for n in inspect.signature(_publish_kernel.fn).parameters}
     args.update(records_ptr="*i32", num_reqs_ptr="*i32", arrivals_ptr="*i32")
     return [dict(_compile(_publish_kernel, args, dict(WIDTH=46, SLOT=47104, BLOCK=1024,
-                                                      SHARED=shared), 4, tmp), shared=shared)
+                                                      SHARED=shared, PDL=False), 4, tmp),
+                 shared=shared)
             for shared in (False, True)]
 
 

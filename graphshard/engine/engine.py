@@ -21,6 +21,7 @@ from graphshard.engine.agreement import AgreementCheck, SlotDigest, digest
 from graphshard.config import LOGITS_DTYPES, Config
 from graphshard.runtime.devices import check_kernels_run_on, resolve_device
 from graphshard.runtime.launch import Launch, compile_launches, compile_workers, deferred_launches
+from graphshard.runtime.pdl import supports_pdl
 from graphshard.engine.divergence import DivergenceCheck
 from graphshard.errors import (EngineStateError, InvalidBatchError, InvalidParamsError, InvalidSlotError,
                                InvalidTypeError, StepFault)
@@ -132,7 +133,11 @@ class Engine:
         self.plan_buffers = PlanBuffers.allocate(n, m, self.tp_size, dev)
         # One workspace serves every graph: steps run one after another on one stream.
         self.workspace = SamplerWorkspace.allocate(n, m, cfg.vocab_size, dev)
-        self.sample = self._user_sampler or functools.partial(sample, workspace=self.workspace)
+        # Whether the step's own kernels are launched as programmatic dependents (the config
+        # asks, and the device can).
+        self.programmatic_launch = cfg.programmatic_launch and supports_pdl(dev)
+        self.sample = self._user_sampler or functools.partial(
+            sample, workspace=self.workspace, pdl=self.programmatic_launch)
         # Every logits row is its own bitmask row in batch order (replicate and tp=1 paths).
         self.identity_rows = torch.arange(n * m, dtype=torch.int32, device=dev)
         self.transport = None
@@ -148,7 +153,8 @@ class Engine:
         else:
             self.records = torch.zeros(n, self.layout.width, dtype=torch.int32, device=dev)
         # tp = 1: the step's last kernel copies its records to the host (`read`).
-        self.host_records = HostRecords(self.records, self.inputs.staged, self.inputs.num_reqs) \
+        self.host_records = HostRecords(self.records, self.inputs.staged, self.inputs.num_reqs,
+                                        pdl=self.programmatic_launch) \
             if self.transport is None else None
         # Rows the checked record gather appends the divergence digest in (padded transports).
         self._digest_rows = self.transport.digest_rows \
@@ -696,7 +702,8 @@ class Engine:
                 "strategy_timings_us": {b: {SHARD: t[0] * 1e6, REPLICATE: t[1] * 1e6}
                                         for b, t in self.strategy_timings.items()},
                 "transport": self.transport.name if self.transport is not None else "none",
-                "graph_backend": getattr(self.backend, "name", type(self.backend).__name__)}
+                "graph_backend": getattr(self.backend, "name", type(self.backend).__name__),
+                "programmatic_launch": self.programmatic_launch}
 
 
 def _owned_reqs(bucket: int, capacity: int) -> int:

@@ -23,6 +23,7 @@ import triton.language as tl
 
 from graphshard.plan.staging import Staging
 from graphshard.runtime.launch import launch
+from graphshard.runtime.pdl import check_pdl, pdl_options, wait_for_producer
 
 _BLOCK = 1024
 # Words one publish program copies at most: on an H200 one program stored 1024 records of 46
@@ -33,11 +34,12 @@ _WORDS_PER_PROGRAM = 4096
 @triton.jit
 def _publish_kernel(records_ptr, num_reqs_ptr, host_address_ptr, done_address_ptr, meta_seq_ptr,
                     last_ptr, arrivals_ptr, WIDTH: tl.constexpr, SLOT: tl.constexpr,
-                    BLOCK: tl.constexpr, SHARED: tl.constexpr):
+                    BLOCK: tl.constexpr, SHARED: tl.constexpr, PDL: tl.constexpr = False):
     """The first num_reqs records [n, WIDTH] into the host slot of this step's parity (SLOT words
     each), BLOCK words per program and pass; then the last program to finish its part (with
     SHARED, several programs; else the one) stores the step's number into `last` and the done
-    word (`staging.signal_done`'s stores)."""
+    word (`staging.signal_done`'s stores). PDL: launched as a programmatic dependent."""
+    wait_for_producer(PDL)
     n = tl.load(num_reqs_ptr)
     seq = tl.load(meta_seq_ptr)
     host = tl.load(host_address_ptr).to(tl.pointer_type(tl.int32)) + (seq & 1) * SLOT
@@ -67,14 +69,18 @@ class HostRecords:
     """Pinned [2, max_num_reqs, width] int32 copies of the records (plain memory on CPU), one slot
     per step parity."""
 
-    def __init__(self, records: torch.Tensor, staged: Staging, num_reqs: torch.Tensor):
+    def __init__(self, records: torch.Tensor, staged: Staging, num_reqs: torch.Tensor, *,
+                 pdl: bool = False):
         """`records`: the step's contiguous [max_num_reqs, width] int32 output buffer; `staged`:
-        the engine's staging (its done word); `num_reqs`: meta's device n."""
+        the engine's staging (its done word); `num_reqs`: meta's device n; `pdl`: launch the
+        publish as a programmatic dependent of the kernel before it."""
         if records.dtype != torch.int32 or records.dim() != 2 or not records.is_contiguous():
             raise ValueError(f"records must be a contiguous 2-D int32 tensor, got "
                              f"{records.dtype} {tuple(records.shape)} strides {records.stride()}")
         device = records.device
+        check_pdl(pdl, device, "HostRecords")
         self.records, self.staged, self.num_reqs = records, staged, num_reqs
+        self._dependent = dict(PDL=True, **pdl_options(True)) if pdl else {}
         self.slots = torch.zeros(2, *records.shape, dtype=torch.int32,
                                  pin_memory=device.type == "cuda")
         self._view = self.slots.numpy()
@@ -90,7 +96,7 @@ class HostRecords:
         grid = (max(1, triton.cdiv(words, _WORDS_PER_PROGRAM)),)
         launch(_publish_kernel, grid, self.records, self.num_reqs, self._address,
                *self.staged.done_args(), self._arrivals, WIDTH=self._width,
-               SLOT=self._slot_words, BLOCK=_BLOCK, SHARED=grid[0] > 1)
+               SLOT=self._slot_words, BLOCK=_BLOCK, SHARED=grid[0] > 1, **self._dependent)
 
     def rows(self, step: int, n: int) -> np.ndarray:
         """A copy of step `step`'s first n records (the caller made sure it finished)."""

@@ -18,10 +18,11 @@ def sample_unsharded(full_logits: torch.Tensor, *, idx_mapping: np.ndarray, cu_n
                      seq_lens: np.ndarray, tables: SlotTables, layout: RecordLayout, vocab_size: int,
                      draft_token_ids: torch.Tensor | None = None,
                      grammar_bitmask: torch.Tensor | None = None,
-                     bitmask_support: bool = True) -> SamplerOutput:
+                     bitmask_support: bool = True, pdl: bool = False) -> SamplerOutput:
     """Sample the batch [n] from `full_logits` [num_logits, padded_vocab] (batch order).
-    `bitmask_support` launches the sampler as an engine with that config's `grammar_bitmask`
-    does (the same compiled kernels); without it no bitmask may be given."""
+    `bitmask_support` and `pdl` launch the sampler as an engine with that config's
+    `grammar_bitmask` and `Engine.programmatic_launch` does (the same compiled kernels);
+    without bitmask support no bitmask may be given."""
     if grammar_bitmask is not None and not bitmask_support:
         raise ValueError("grammar_bitmask given with bitmask_support=False")
     device = full_logits.device
@@ -58,7 +59,7 @@ def sample_unsharded(full_logits: torch.Tensor, *, idx_mapping: np.ndarray, cu_n
     sample(full_logits, vocab_size=vocab_size, num_reqs=torch.tensor([n], dtype=torch.int32, device=device),
            req_slots=dev(idx_mapping, width), cu_num_logits=dev(cu_num_logits, width + 1),
            seq_lens=dev(seq_lens, width), tables=tables, layout=layout, records=records,
-           max_num_reqs=width, draft_tokens=draft_token_ids, **bitmask)
+           max_num_reqs=width, draft_tokens=draft_token_ids, pdl=pdl, **bitmask)
     return unpack(records[:n], layout)
 
 

@@ -85,6 +85,7 @@ import triton.language as tl
 from graphshard import config
 from graphshard.sample import rng
 from graphshard.runtime.launch import check_int32_vector, launch
+from graphshard.runtime.pdl import check_pdl, pdl_options, wait_for_producer
 from graphshard.sample.params import SLOT_WIDTH, SlotTables
 from graphshard.sample.records import RecordLayout
 from graphshard.sample.nucleus import (COUNT_BITS, MAX_PROGRAMS, STAT_WORDS, close_pool,
@@ -273,6 +274,7 @@ def _scan_kernel(
     VOCAB: tl.constexpr, M: tl.constexpr, K: tl.constexpr, CHUNK: tl.constexpr,
     SPLITS: tl.constexpr, CAP: tl.constexpr, BLOCK: tl.constexpr, GROUP: tl.constexpr,
     NUCLEUS_WINNER: tl.constexpr,  # draw a top-p-only row's unfiltered winner (`nucleus_winner`)
+    PDL: tl.constexpr = False,  # launched as a programmatic dependent (`graphshard.runtime.pdl`)
 ):
     HAS_BITMASK: tl.constexpr = mask is not None
     slots_ptr, ws_ptr = buffers
@@ -280,6 +282,7 @@ def _scan_kernel(
     SMALL_K: tl.constexpr = small_top_k(BLOCK)
     WIDE: tl.constexpr = chunk_top(BLOCK)
     row_id = tl.program_id(0)
+    wait_for_producer(PDL)
     live, _, r, first_row, m, seq_len, slot = _open_row(num_reqs_ptr, req_slots_ptr,
                                                         cu_num_logits_ptr, seq_lens_ptr, row_id, M)
     mask_on = _mask_on(bitmask_on_ptr)
@@ -364,6 +367,7 @@ def _finish_kernel(
     VOCAB: tl.constexpr, M: tl.constexpr, K: tl.constexpr, SPLITS: tl.constexpr,
     CAP: tl.constexpr, BLOCK: tl.constexpr, SMALL_BLOCK: tl.constexpr,
     PROGRAMS: tl.constexpr,
+    PDL: tl.constexpr = False,  # as _scan_kernel
 ):
     HAS_BITMASK: tl.constexpr = mask is not None
     SLICE: tl.constexpr = finish_slice(CAP, PROGRAMS)
@@ -372,6 +376,7 @@ def _finish_kernel(
     slots_ptr, ws_ptr = buffers
     workspace = (ws_ptr, rows)
     row_id = tl.program_id(0)
+    wait_for_producer(PDL)
     live, req, r, first_row, m, seq_len, slot = _open_row(num_reqs_ptr, req_slots_ptr,
                                                           cu_num_logits_ptr, seq_lens_ptr, row_id,
                                                           M)
@@ -609,7 +614,8 @@ def sample(logits: torch.Tensor, *, vocab_size: int, num_reqs: torch.Tensor,
            draft_tokens: torch.Tensor | None = None, bitmask: torch.Tensor | None = None,
            bitmask_rows: torch.Tensor | None = None, bitmask_enabled: torch.Tensor | None = None,
            workspace: SamplerWorkspace | None = None, block_size: int | None = None,
-           splits_per_program: int | None = None, finish_programs: int | None = None) -> None:
+           splits_per_program: int | None = None, finish_programs: int | None = None,
+           pdl: bool = False) -> None:
     """Sample every request of a sub-batch into `records` [>= max_num_reqs, layout.width].
 
     `num_reqs` [1] int32 holds n on the device; `max_num_reqs` is the static grid bound. With a
@@ -619,7 +625,9 @@ def sample(logits: torch.Tensor, *, vocab_size: int, num_reqs: torch.Tensor,
     `splits_per_program` (1 to MAX_SPLITS_PER_PROGRAM) the vocabulary chunks a scan program
     streams (by default `SPLITS_PER_PROGRAM` of the grid's rows; one compiled scan per value),
     `finish_programs` (1, 2, 4, 8 or 16) the programs per row of the finish (by default
-    `FINISH_PROGRAMS`; fewer where the workspace has no room); none changes a result."""
+    `FINISH_PROGRAMS`; fewer where the workspace has no room); none changes a result. `pdl`
+    launches both kernels as programmatic dependents of the kernel before each (compute
+    capability 9.0+, `graphshard.runtime.pdl`): the same results, scheduled earlier."""
     if not isinstance(logits, torch.Tensor):
         raise TypeError(f"logits must be a torch.Tensor, got {type(logits).__name__}")
     if logits.dtype not in LOGITS_DTYPES:
@@ -636,6 +644,7 @@ def sample(logits: torch.Tensor, *, vocab_size: int, num_reqs: torch.Tensor,
         raise TypeError(f"layout must be a RecordLayout, got {type(layout).__name__}")
     device = logits.device
     num_rows = logits.shape[0]
+    check_pdl(pdl, device, "sample")
     check_int32_vector("num_reqs", num_reqs, 1, device, where="logits")
     check_int32_vector("req_slots", req_slots, max_num_reqs, device, where="logits")
     check_int32_vector("cu_num_logits", cu_num_logits, max_num_reqs + 1, device, where="logits")
@@ -665,18 +674,20 @@ def sample(logits: torch.Tensor, *, vocab_size: int, num_reqs: torch.Tensor,
     # The slot tables and the workspace are fixed for the sampler's lifetime: one tuple.
     buffers_arg = ((tables.packed, workspace.buffer), workspace.max_num_reqs * m)
     sizes = dict(VOCAB=vocab_size, M=m, K=k, SPLITS=splits, CAP=cap, BLOCK=chunk_block)
+    # Absent without pdl: the keyword arguments of a launcher without the option.
+    dependent = dict(PDL=True, **pdl_options(True)) if pdl else {}
     group = _splits_per_program(max_num_reqs * m, splits, splits_per_program)
     scan_grid = (max_num_reqs * m, -(-splits // group))
     programs = _finish_programs(max_num_reqs * m, splits, cap, vocab_size, finish_programs)
     scan_sizes = dict(sizes, CHUNK=chunk, GROUP=group, NUCLEUS_WINNER=nucleus_winner(programs))
     launch(_scan_kernel, scan_grid, logits_arg, *batch, mask, bitmask_stride, bitmask_enabled,
-           *buffers_arg, **scan_sizes, **scan_options(bitmask is not None, chunk_block))
+           *buffers_arg, **scan_sizes, **dependent, **scan_options(bitmask is not None, chunk_block))
     if bitmask_enabled is not None:
         # The variant for steps whose flag is off (see `_scan_kernel`).
         launch(_scan_kernel, scan_grid, logits_arg, *batch, None, 0, bitmask_enabled,
-               *buffers_arg, **scan_sizes, **scan_options(False, chunk_block))
+               *buffers_arg, **scan_sizes, **dependent, **scan_options(False, chunk_block))
     launch(_finish_kernel, (max_num_reqs * m, programs), logits_arg, *batch, mask,
            bitmask_stride, bitmask_enabled, *buffers_arg,
-           (records, records.stride(0)), draft_tokens, **sizes,
+           (records, records.stride(0)), draft_tokens, **sizes, **dependent,
            SMALL_BLOCK=min(block, SMALL_BLOCK_SIZE), PROGRAMS=programs,
            **finish_options(max_num_reqs * m, programs, chunk_block))

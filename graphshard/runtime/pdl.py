@@ -1,0 +1,48 @@
+"""Programmatic dependent launch (PDL; GPUs of compute capability 9.0 and newer).
+
+A kernel launched as a programmatic dependent of the kernel before it in its stream may be
+scheduled while that one still runs; in a captured graph the edge between the two becomes a
+programmatic one. The dependent waits (`griddepcontrol.wait`: its predecessor complete and that
+one's memory visible) before it touches memory, so what it computes is what a plain launch
+computes; what it saves is the gap between the two kernels.
+
+The contract of every kernel launched so: `wait_for_producer(PDL)` runs before its first load or
+store, on every path, early exits included. The waits then chain: a kernel that waited for its
+predecessor, which waited for its own, finishes after both. One that skipped the wait could
+finish before its predecessor's predecessor, and the next kernel's wait would not cover that.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+MIN_CAPABILITY = (9, 0)
+
+
+def supports_pdl(device: torch.device | str) -> bool:
+    """Whether kernels on `device` can be launched as programmatic dependents."""
+    device = torch.device(device)
+    return device.type == "cuda" and torch.cuda.get_device_capability(device) >= MIN_CAPABILITY
+
+
+def check_pdl(pdl: bool, device: torch.device, where: str) -> None:
+    """A launcher's check of its `pdl` argument."""
+    if not isinstance(pdl, bool):
+        raise TypeError(f"{where}: pdl must be a bool, got {type(pdl).__name__}")
+    if pdl and not supports_pdl(device):
+        raise ValueError(f"{where}: pdl needs a CUDA device of compute capability "
+                         f"{MIN_CAPABILITY[0]}.{MIN_CAPABILITY[1]} or newer, got {device}")
+
+
+def pdl_options(pdl: bool) -> dict:
+    """The launch options of a kernel launched as a programmatic dependent (none otherwise)."""
+    return {"launch_pdl": True} if pdl else {}
+
+
+@triton.jit
+def wait_for_producer(PDL: tl.constexpr):
+    """A programmatic dependent's first statement: wait for the kernel before it."""
+    if PDL:
+        tl.extra.cuda.gdc_wait()
