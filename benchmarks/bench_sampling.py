@@ -2,7 +2,7 @@
 
 Usage: python3 -m benchmarks.bench_sampling [--out sampling.json] [--shapes 152064:float32,...]
        [--modes greedy,top_k_top_p,...] [--batches 1,8,32,256,1024] [--iters 30]
-       [--no-grammar-bitmask]
+       [--no-grammar-bitmask] [--programmatic-launch]
 
 Per (shape, mode, batch), on one GPU:
   graphshard        Engine (tp = 1, CUDA graphs, logits written into engine.inputs.logits),
@@ -19,7 +19,9 @@ Per (shape, mode, batch), on one GPU:
   torch_sort_eager  TorchSortSampler run eagerly, the same loop with the host read.
   torch_sort_graph  the same sampler captured in one CUDA graph, replayed in the loop.
 The engine's config has `grammar_bitmask = true` (as by default) unless `--no-grammar-bitmask`
-(its graphshard rows then say `"grammar_bitmask": false`); no step passes a bitmask.
+(its graphshard rows then say `"grammar_bitmask": false`; no step passes a bitmask), and
+`programmatic_launch` with `--programmatic-launch` (rows: `"programmatic_launch"`, what the
+engine applied; the sampler-alone call is launched the same way).
 Writes a list of rows (keys mode, batch, vocab, dtype, path, step_us, ...) to --out and prints
 a table. `--compile-only` times nothing: it compiles what the timing needs (the engine's capture
 and the sampler-alone calls) into Triton's cache, so that a run beside other work on a fresh
@@ -63,10 +65,10 @@ def loop_us(step, iters: int, warmup: int = 5) -> dict:
             "issue_us": float(np.median(issues)) * 1e6 if issues else None}
 
 
-def sampler_alone(logits, batch, vocab, params, device) -> tuple[float, dict]:
+def sampler_alone(logits, batch, vocab, params, device, pdl: bool = False) -> tuple[float, dict]:
     """GPU µs per sampler call (graph of 10 calls, events) and the rows that took the slower
     paths during the timed calls (`SamplerWorkspace.paths`)."""
-    call, ws = sampler_call(logits, vocab, params, MAX_LOGPROBS, device)
+    call, ws = sampler_call(logits, vocab, params, MAX_LOGPROBS, device, pdl=pdl)
     graph = graph_of(call, 10)
     before = ws.paths()
     stats = replay_us(graph, 10, trials=10)
@@ -76,14 +78,15 @@ def sampler_alone(logits, batch, vocab, params, device) -> tuple[float, dict]:
 
 def run_shape(vocab: int, dtype: torch.dtype, modes, batches, iters: int, device,
               save=lambda rows: None, compile_only: bool = False,
-              grammar_bitmask: bool = True) -> list[dict]:
+              grammar_bitmask: bool = True, programmatic_launch: bool = False) -> list[dict]:
     """Every (mode, batch) point of one shape; `save(rows)` after each (a call cut short keeps
     what it measured). `compile_only`: capture, launch each batch's sampler-alone call once,
     time nothing."""
     max_batch = max(batches)
     cfg = Config(vocab_size=vocab, max_num_reqs=max_batch, max_num_slots=max_batch,
                  logits_dtype=str(dtype).removeprefix("torch."), buckets=tuple(sorted(batches)),
-                 graph_backend="cuda", num_logprobs=MAX_LOGPROBS, grammar_bitmask=grammar_bitmask)
+                 graph_backend="cuda", num_logprobs=MAX_LOGPROBS, grammar_bitmask=grammar_bitmask,
+                 programmatic_launch=programmatic_launch)
     engine = Engine(cfg, device=device)
     for slot in range(max_batch):
         engine.add_request(slot, MODES["greedy"])
@@ -98,7 +101,7 @@ def run_shape(vocab: int, dtype: torch.dtype, modes, batches, iters: int, device
     if compile_only:
         for batch in batches:
             sampler_call(engine.inputs.logits[:batch], vocab, MODES["greedy"], MAX_LOGPROBS,
-                         device)[0]()
+                         device, pdl=engine.programmatic_launch)[0]()
         torch.cuda.synchronize()
         engine.close()
         return rows
@@ -129,11 +132,13 @@ def run_shape(vocab: int, dtype: torch.dtype, modes, batches, iters: int, device
                 engine.read()
 
             common = dict(mode=mode, batch=batch, vocab=vocab, dtype=cfg.logits_dtype)
-            gpu_us, slow_paths = sampler_alone(view, batch, vocab, params, device)
+            gpu_us, slow_paths = sampler_alone(view, batch, vocab, params, device,
+                                               engine.programmatic_launch)
             n_iters = iters if batch > 32 else max(iters, SMALL_BATCH_ITERS)
             read = loop_us(gs_read, n_iters)
             inplace = loop_us(gs_inplace, n_iters)
             rows.append(dict(common, path="graphshard", grammar_bitmask=grammar_bitmask,
+                             programmatic_launch=engine.programmatic_launch,
                              sampler_gpu_us=gpu_us,
                              slow_paths=slow_paths, step_read_us=read["step_us"],
                              step_read_p90_us=read["step_p90_us"],
@@ -210,6 +215,8 @@ def main(argv=None):
                         help="compile what the timing needs into Triton's cache; time nothing")
     parser.add_argument("--no-grammar-bitmask", action="store_true",
                         help="an engine whose config has grammar_bitmask = false")
+    parser.add_argument("--programmatic-launch", action="store_true",
+                        help="an engine whose config has programmatic_launch = true")
     args = parser.parse_args(argv)
     device = torch.device("cuda", 0)
     rows = []
@@ -222,7 +229,8 @@ def main(argv=None):
         vocab, dtype = spec.split(":")
         rows += run_shape(int(vocab), getattr(torch, dtype), args.modes.split(","),
                           [int(b) for b in args.batches.split(",")], args.iters, device, save,
-                          args.compile_only, not args.no_grammar_bitmask)
+                          args.compile_only, not args.no_grammar_bitmask,
+                          args.programmatic_launch)
         torch.cuda.empty_cache()
     if args.compile_only:
         return

@@ -2,14 +2,15 @@
 # One GPU call for the code as it is (no ablation), within one device call's time, with the
 # sampler's variants taken from a Triton cache built ahead on a CPU machine (carry it in):
 #   1. `tests/gpu/test_compile_ahead_gpu.py` (the capture's compile ahead, with and without
-#      bitmask support; compiles its own variants on purpose: its vocabularies are new);
-#   2. `benchmarks.step_variants` at 32000 bf16 (the bitmask-free engine beside the default one
-#      and the captured sort, in the same rounds);
+#      bitmask support; compiles its own variants on purpose: its vocabularies are new) and
+#      `tests/gpu/test_pdl_gpu.py` (programmatic launches return what plain ones do);
+#   2. `benchmarks.step_variants` at 32000 bf16 (the bitmask-free and programmatic-launch
+#      engines beside the default one and the captured sort, in the same rounds);
 #   3. `benchmarks/test_bench_sampler.py` (every mode x batch x shape) and its table.
 # Usage: OUT=dir [TRITON_CACHE_DIR=.triton_cache_tip] [BUDGET=560] bash benchmarks/tip_call.sh
 # Build the cache first (benchmarks/ablations/README.md, "Queued for the next GPU run").
 # Files under $OUT: times.txt (clocks, cache relocation, each part's end and exit status),
-# compile_ahead.txt, gpu_report.jsonl, variants_32000.json and .txt, bench.json, bench.txt,
+# gpu_tests.txt, gpu_report.jsonl, variants_32000.json and .txt, bench.json, bench.txt,
 # sampler_table.md.
 set -u
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 PYTHONUNBUFFERED=1
@@ -29,7 +30,8 @@ part() {  # part NAME SHARE_OF_WHAT_IS_LEFT(%) COMMAND...
   timeout -k 5 $(( $(left) * share / 100 )) "$@" > "$OUT/$name.txt" 2>&1
   echo "$name rc=$? ${SECONDS}s" >> "$log"
 }
-part compile_ahead 35 python3 -m pytest -q -rs -p no:cacheprovider tests/gpu/test_compile_ahead_gpu.py
+part gpu_tests 35 python3 -m pytest -q -rs -p no:cacheprovider tests/gpu/test_compile_ahead_gpu.py \
+  tests/gpu/test_pdl_gpu.py
 part variants_32000 45 python3 -m benchmarks.step_variants --shape 32000:bfloat16 \
   --modes greedy,top_k_top_p --batches 1,8,32 --rounds 8 --steps 200 --out "$OUT/variants_32000.json"
 part bench 95 python3 -m pytest -q -p no:cacheprovider benchmarks/test_bench_sampler.py \
