@@ -14,6 +14,8 @@ finish before its predecessor's predecessor, and the next kernel's wait would no
 
 from __future__ import annotations
 
+import functools
+
 import torch
 import triton
 import triton.language as tl
@@ -23,7 +25,12 @@ MIN_CAPABILITY = (9, 0)
 
 def supports_pdl(device: torch.device | str) -> bool:
     """Whether kernels on `device` can be launched as programmatic dependents."""
-    device = torch.device(device)
+    return _supports_pdl(torch.device(device))
+
+
+@functools.lru_cache(maxsize=None)
+def _supports_pdl(device: torch.device) -> bool:
+    # Cached: an eager step's launcher asks every call.
     return device.type == "cuda" and torch.cuda.get_device_capability(device) >= MIN_CAPABILITY
 
 
