@@ -23,7 +23,7 @@ import triton.language as tl
 
 from graphshard.plan.staging import Staging
 from graphshard.runtime.launch import launch
-from graphshard.runtime.pdl import check_pdl, pdl_options, wait_for_producer
+from graphshard.runtime.pdl import check_pdl, pdl_options, follow_producer
 
 _BLOCK = 1024
 # Words one publish program copies at most: on an H200 one program stored 1024 records of 46
@@ -39,7 +39,7 @@ def _publish_kernel(records_ptr, num_reqs_ptr, host_address_ptr, done_address_pt
     each), BLOCK words per program and pass; then the last program to finish its part (with
     SHARED, several programs; else the one) stores the step's number into `last` and the done
     word (`staging.signal_done`'s stores). PDL: launched as a programmatic dependent."""
-    wait_for_producer(PDL)
+    follow_producer(PDL)
     n = tl.load(num_reqs_ptr)
     seq = tl.load(meta_seq_ptr)
     host = tl.load(host_address_ptr).to(tl.pointer_type(tl.int32)) + (seq & 1) * SLOT

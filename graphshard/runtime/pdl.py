@@ -6,10 +6,15 @@ programmatic one. The dependent waits (`griddepcontrol.wait`: its predecessor co
 one's memory visible) before it touches memory, so what it computes is what a plain launch
 computes; what it saves is the gap between the two kernels.
 
-The contract of every kernel launched so: `wait_for_producer(PDL)` runs before its first load or
+The contract of every kernel launched so: `follow_producer(PDL)` runs before its first load or
 store, on every path, early exits included. The waits then chain: a kernel that waited for its
 predecessor, which waited for its own, finishes after both. One that skipped the wait could
 finish before its predecessor's predecessor, and the next kernel's wait would not cover that.
+
+Right after its wait a program lets its own dependents launch (`griddepcontrol.launch_dependents`).
+They launch once every program of this kernel has done so, that is once its last program has
+started: their programs then park on the SMs in their own wait, and none of this kernel's
+programs is still waiting for a slot they could take.
 """
 
 from __future__ import annotations
@@ -49,7 +54,9 @@ def pdl_options(pdl: bool) -> dict:
 
 
 @triton.jit
-def wait_for_producer(PDL: tl.constexpr):
-    """A programmatic dependent's first statement: wait for the kernel before it."""
+def follow_producer(PDL: tl.constexpr):
+    """A programmatic dependent's first statement: wait for the kernel before it, then let the
+    kernel after it launch."""
     if PDL:
         tl.extra.cuda.gdc_wait()
+        tl.extra.cuda.gdc_launch_dependents()

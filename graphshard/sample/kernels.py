@@ -85,7 +85,7 @@ import triton.language as tl
 from graphshard import config
 from graphshard.sample import rng
 from graphshard.runtime.launch import check_int32_vector, launch
-from graphshard.runtime.pdl import check_pdl, pdl_options, wait_for_producer
+from graphshard.runtime.pdl import check_pdl, pdl_options, follow_producer
 from graphshard.sample.params import SLOT_WIDTH, SlotTables
 from graphshard.sample.records import RecordLayout
 from graphshard.sample.nucleus import (COUNT_BITS, MAX_PROGRAMS, STAT_WORDS, close_pool,
@@ -282,7 +282,7 @@ def _scan_kernel(
     SMALL_K: tl.constexpr = small_top_k(BLOCK)
     WIDE: tl.constexpr = chunk_top(BLOCK)
     row_id = tl.program_id(0)
-    wait_for_producer(PDL)
+    follow_producer(PDL)
     live, _, r, first_row, m, seq_len, slot = _open_row(num_reqs_ptr, req_slots_ptr,
                                                         cu_num_logits_ptr, seq_lens_ptr, row_id, M)
     mask_on = _mask_on(bitmask_on_ptr)
@@ -376,7 +376,7 @@ def _finish_kernel(
     slots_ptr, ws_ptr = buffers
     workspace = (ws_ptr, rows)
     row_id = tl.program_id(0)
-    wait_for_producer(PDL)
+    follow_producer(PDL)
     live, req, r, first_row, m, seq_len, slot = _open_row(num_reqs_ptr, req_slots_ptr,
                                                           cu_num_logits_ptr, seq_lens_ptr, row_id,
                                                           M)

@@ -1,6 +1,7 @@
 """Programmatic dependent launch: refused where the device cannot do it, ignored by an engine
 whose device cannot, and compiled for sm_90 with the wait before every memory access of the
-kernels launched so (the scan, the finish, the tp = 1 publish). The launches themselves run on a
+kernels launched so (the scan, the finish, the tp = 1 publish), and their dependents' trigger
+after it. The launches themselves run on a
 GPU only (`tests/gpu/test_pdl_gpu.py`)."""
 
 import json
@@ -119,10 +120,12 @@ def test_kernels_launched_as_dependents_wait_before_touching_memory(tmp_path):
         assert launch_pdl is pdl, key
         lines = _body_lines(ptx)
         waits = [i for i, line in enumerate(lines) if line.startswith("griddepcontrol.wait")]
+        triggers = [i for i, line in enumerate(lines)
+                    if line.startswith("griddepcontrol.launch_dependents")]
         if not pdl:
-            assert not waits, key
+            assert not waits and not triggers, key
             continue
-        assert len(waits) == 1, key
+        assert len(waits) == 1 and len(triggers) == 1 and waits[0] < triggers[0], key
         memory = [i for i, line in enumerate(lines)
                   if line.startswith(("ld.global", "st.global", "atom.", "red.", "ld.volatile"))]
         assert memory and waits[0] < memory[0], (key, lines[:waits[0] + 1])
