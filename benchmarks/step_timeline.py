@@ -2,13 +2,14 @@
 long it runs, against the same sampler replayed back to back.
 
 Usage: python3 -m benchmarks.step_timeline [--shape 32000:bfloat16] [--modes greedy,top_k_top_p]
-       [--batches 1,32] [--steps 200] [--out timeline.json]
+       [--batches 1,32] [--steps 200] [--no-grammar-bitmask] [--programmatic-launch]
+       [--out timeline.json]
 
 The engine is built as `benchmarks.bench_sampling` builds it (buckets 1, 32, 256, 1024, layout
 K = 20), so its kernels come from the same compiled cache. The loop: `Engine.step`, then
 `Engine.read()` (no device operation of its own). CUPTI (torch.profiler) gives every device
 operation's start and end; per position in the step (the copy of the staged rows, the fetch,
-the two scans, the finish, the publish): mean µs from the step's first start to this start,
+the scan(s), the finish, the publish): mean µs from the step's first start to this start,
 and mean duration. `span` is first start to last end, `idle` the device's idle time from one
 step's end to the next one's start (the host's turn), `period` the mean step time.
 """
@@ -60,13 +61,18 @@ def main(argv=None):
     parser.add_argument("--modes", default="greedy,top_k_top_p")
     parser.add_argument("--batches", default="1,32")
     parser.add_argument("--steps", type=int, default=200)
+    parser.add_argument("--no-grammar-bitmask", action="store_true",
+                        help="an engine whose config has grammar_bitmask = false (one scan)")
+    parser.add_argument("--programmatic-launch", action="store_true",
+                        help="an engine whose config has programmatic_launch = true")
     parser.add_argument("--out", default="timeline.json")
     args = parser.parse_args(argv)
     vocab, dtype = args.shape.split(":")
     vocab, device = int(vocab), torch.device("cuda", 0)
     cfg = Config(vocab_size=vocab, max_num_reqs=max(BUCKETS), max_num_slots=max(BUCKETS),
                  logits_dtype=dtype, buckets=BUCKETS, graph_backend="cuda",
-                 num_logprobs=MAX_LOGPROBS)
+                 num_logprobs=MAX_LOGPROBS, grammar_bitmask=not args.no_grammar_bitmask,
+                 programmatic_launch=args.programmatic_launch)
     engine = Engine(cfg, device=device)
     engine.capture()
     engine.inputs.logits.copy_(make_logits(max(BUCKETS), engine.vocab, getattr(torch, dtype),
@@ -80,6 +86,8 @@ def main(argv=None):
             lens, view = np.full(n, 100, np.int32), engine.inputs.logits[:n]
             ops = device_ops(lambda: (engine.step(idx, cu, lens, view), engine.read()), args.steps)
             row = {"vocab": vocab, "dtype": dtype, "mode": mode, "batch": n,
+                   "grammar_bitmask": cfg.grammar_bitmask,
+                   "programmatic_launch": engine.programmatic_launch,
                    **per_position(ops, args.steps)}
             rows.append(row)
             print(json.dumps(row), flush=True)
