@@ -30,7 +30,7 @@ part() {  # part NAME SHARE_OF_WHAT_IS_LEFT(%) COMMAND...
   timeout -k 5 $(( $(left) * share / 100 )) "$@" > "$OUT/$name.txt" 2>&1
   echo "$name rc=$? ${SECONDS}s" >> "$log"
 }
-part gpu_tests 35 python3 -m pytest -q -rs -p no:cacheprovider tests/gpu/test_compile_ahead_gpu.py \
+part gpu_tests 45 python3 -m pytest -q -rs -p no:cacheprovider tests/gpu/test_compile_ahead_gpu.py \
   tests/gpu/test_pdl_gpu.py
 part variants_32000 45 python3 -m benchmarks.step_variants --shape 32000:bfloat16 \
   --modes greedy,top_k_top_p --batches 1,8,32 --rounds 8 --steps 200 --out "$OUT/variants_32000.json"
