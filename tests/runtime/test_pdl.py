@@ -63,6 +63,27 @@ def test_an_engine_on_a_device_without_pdl_steps_without_it():
     assert list(engine.read().tokens(0)) == [37]
 
 
+def test_an_engine_whose_device_can_launches_its_sampler_as_dependents(monkeypatch):
+    """Where the device can, the step's sampler calls carry PDL (recorded, not run: the
+    interpreter cannot execute the wait); the plain engine's do not."""
+    import graphshard.engine.engine as engine_module
+    import graphshard.runtime.pdl as pdl
+
+    monkeypatch.setattr(engine_module, "supports_pdl", lambda device: True)
+    monkeypatch.setattr(pdl, "supports_pdl", lambda device: True)
+    cfg = Config(vocab_size=100, vocab_pad_multiple=4, max_num_reqs=4, buckets=(2, 4),
+                 graph_backend="emulated")
+    for asked in (False, True):
+        engine = Engine(cfg.replace(programmatic_launch=asked))
+        assert engine.programmatic_launch is asked
+        launches = engine._sampler_launches([(2, "replicate", 0), (4, "replicate", 0)])
+        assert {item.kernel.fn.__name__ for item in launches} == {"_scan_kernel", "_finish_kernel"}
+        for item in launches:
+            assert item.kwargs.get("PDL", False) is asked, item.kernel.fn.__name__
+            assert item.kwargs.get("launch_pdl", False) is asked
+        assert engine.host_records._dependent == (dict(PDL=True, launch_pdl=True) if asked else {})
+
+
 # Compiled in a child process (the interpreter replaces `@triton.jit` at import): the sampler's
 # launches recorded as an engine's sampler makes them (with pdl), each variant compiled for
 # sm_90, and where `griddepcontrol.wait` lies in its PTX.
