@@ -80,7 +80,7 @@ class HostRecords:
         device = records.device
         check_pdl(pdl, device, "HostRecords")
         self.records, self.staged, self.num_reqs = records, staged, num_reqs
-        self._dependent = dict(PDL=True, **pdl_options(True)) if pdl else {}
+        self._dependent = pdl_options(pdl)
         self.slots = torch.zeros(2, *records.shape, dtype=torch.int32,
                                  pin_memory=device.type == "cuda")
         self._view = self.slots.numpy()

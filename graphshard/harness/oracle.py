@@ -40,11 +40,10 @@ def sample_unsharded(full_logits: torch.Tensor, *, idx_mapping: np.ndarray, cu_n
     # (unless its config has grammar_bitmask = false), and drafts whenever requests have
     # several rows (-1: none). The oracle launches the same way, so a run compiles one sampler
     # specialization, not one per input combination (each takes over a minute to compile for a
-    # GPU). A flag of 0 leaves the mask unread and
-    # drafts of -1 accept nothing: the same as passing neither. The choices the sampler makes
-    # by its grid's rows (chunks per scan program, finish programs, the finish's register cap)
-    # can still differ between this grid of n rows and the engine's bucket: one compile more,
-    # the same results.
+    # GPU). A flag of 0 leaves the mask unread and drafts of -1 accept nothing: the same as
+    # passing neither. The choices the sampler makes by its grid's rows (chunks per scan
+    # program, finish programs, the finish's register cap) can still differ between this grid
+    # of n rows and the engine's bucket: one compile more, the same results.
     bitmask = dict(bitmask=None, bitmask_rows=None, bitmask_enabled=None)
     if bitmask_support:
         bitmask_on = torch.tensor([int(grammar_bitmask is not None)], dtype=torch.int32,

@@ -49,8 +49,10 @@ def check_pdl(pdl: bool, device: torch.device, where: str) -> None:
 
 
 def pdl_options(pdl: bool) -> dict:
-    """The launch options of a kernel launched as a programmatic dependent (none otherwise)."""
-    return {"launch_pdl": True} if pdl else {}
+    """What a launcher passes a kernel it launches as a programmatic dependent: the kernel's
+    `PDL` constexpr (`follow_producer`) and Triton's `launch_pdl` option. Nothing otherwise, so
+    a plain launch has the keyword arguments of a launcher without the option."""
+    return {"PDL": True, "launch_pdl": True} if pdl else {}
 
 
 @triton.jit

@@ -674,8 +674,7 @@ def sample(logits: torch.Tensor, *, vocab_size: int, num_reqs: torch.Tensor,
     # The slot tables and the workspace are fixed for the sampler's lifetime: one tuple.
     buffers_arg = ((tables.packed, workspace.buffer), workspace.max_num_reqs * m)
     sizes = dict(VOCAB=vocab_size, M=m, K=k, SPLITS=splits, CAP=cap, BLOCK=chunk_block)
-    # Absent without pdl: the keyword arguments of a launcher without the option.
-    dependent = dict(PDL=True, **pdl_options(True)) if pdl else {}
+    dependent = pdl_options(pdl)
     group = _splits_per_program(max_num_reqs * m, splits, splits_per_program)
     scan_grid = (max_num_reqs * m, -(-splits // group))
     programs = _finish_programs(max_num_reqs * m, splits, cap, vocab_size, finish_programs)

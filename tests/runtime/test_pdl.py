@@ -94,6 +94,7 @@ _CHILD = textwrap.dedent("""
     from benchmarks.prebuild import compile_only
     from graphshard.engine.readout import _publish_kernel
     from graphshard.runtime.launch import deferred_launches
+    from graphshard.runtime.pdl import pdl_options
     from graphshard.sample.params import SlotTables
     from graphshard.sample.records import RecordLayout
 
@@ -115,7 +116,7 @@ _CHILD = textwrap.dedent("""
         args = [torch.zeros(4, dtype=torch.int64) for _ in range(6)] + [torch.zeros(1, **i32)]
         args[0], args[1] = torch.zeros(8, **i32), torch.ones(1, **i32)
         compiled = _publish_kernel.warmup(*args, WIDTH=4, SLOT=8, BLOCK=1024, SHARED=False,
-                                          grid=(1,), **(dict(PDL=True, launch_pdl=True) if pdl else {}))
+                                          grid=(1,), **pdl_options(pdl))
         out[f"_publish_kernel:{pdl}"] = (compiled.metadata.launch_pdl, compiled.asm["ptx"])
     print(json.dumps(out))
 """)
