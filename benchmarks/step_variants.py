@@ -66,13 +66,14 @@ def measure(modes, batches, rounds: int, steps: int, device, vocab: int = 152064
     engine = build(batches, vocab, dtype, device)
     others = {name: build(batches, vocab, dtype, device, **changes)
               for name, changes in OTHER_ENGINES.items()}
+    engines = (engine, *others.values())
     logits = make_logits(max(batches), engine.vocab, dtype, device)
-    for e in (engine, *others.values()):
+    for e in engines:
         e.inputs.logits[:max(batches)].copy_(logits)
     rows = []
     for mode in modes:
         for slot in range(max(batches)):
-            for e in (engine, *others.values()):
+            for e in engines:
                 e.add_request(slot, MODES[mode], replace=True)
         for n in batches:
             idx = np.arange(n, dtype=np.int32)
@@ -106,7 +107,7 @@ def measure(modes, batches, rounds: int, steps: int, device, vocab: int = 152064
                     torch.cuda.synchronize()
                     per_round[name].append(loop_median_us(fn, steps))
             # The same batch and positions every step: both ways of passing the logits, and
-            # both engines, agree.
+            # every engine, agree.
             records = variants["read_in_place"]().records
             agree = [np.array_equal(variants[name]().records, records)
                      for name in variants if name.startswith("read")]
@@ -118,7 +119,7 @@ def measure(modes, batches, rounds: int, steps: int, device, vocab: int = 152064
             rows.append(row)
             print(" ".join(f"{k}={v:.1f}" if isinstance(v, float) else f"{k}={v}"
                            for k, v in row.items()), flush=True)
-    for e in (engine, *others.values()):
+    for e in engines:
         e.close()
     return rows
 

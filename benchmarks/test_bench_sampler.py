@@ -18,14 +18,13 @@ import pytest
 import torch
 
 from benchmarks.profile_kernels import compile_ahead
-from benchmarks.sampling_modes import MAX_LOGPROBS, MODES, make_logits, sampler_call
+from benchmarks.sampling_modes import (BATCHES, MAX_LOGPROBS, MODES, SHAPES, make_logits,
+                                       sampler_call)
 from benchmarks.timing import benchmark_graph
 from graphshard.config import Config
 
 MODE_NAMES = ("greedy", "temperature", "top_k", "top_p", "top_k_top_p", "min_p", "logprobs_5",
               "logprobs_20")
-BATCHES = (1, 8, 32, 256, 1024)
-SHAPES = ((152064, torch.float32), (128256, torch.bfloat16), (32000, torch.bfloat16))
 REPEAT = 10
 
 
@@ -37,7 +36,7 @@ class Logits:
 
     def rows(self, vocab: int, dtype: torch.dtype, batch: int) -> torch.Tensor:
         if self.shape != (vocab, dtype):
-            self.block = None
+            self.block = None  # freed before the next shape's block is made
             padded = Config(vocab_size=vocab, max_num_reqs=1).padded_vocab_size(1)
             self.block = make_logits(max(BATCHES), padded, dtype, self.device)
             self.shape = (vocab, dtype)
