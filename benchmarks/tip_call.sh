@@ -1,16 +1,19 @@
 #!/usr/bin/env bash
 # One GPU call for the code as it is (no ablation), within one device call's time, with the
-# sampler's variants taken from a Triton cache built ahead on a CPU machine (carry it in):
-#   1. `tests/gpu/test_compile_ahead_gpu.py` (the capture's compile ahead, with and without
-#      bitmask support; compiles its own variants on purpose: its vocabularies are new) and
-#      `tests/gpu/test_pdl_gpu.py` (programmatic launches return what plain ones do);
-#   2. `benchmarks.step_variants` at 32000 bf16 (the bitmask-free and programmatic-launch
-#      engines beside the default one and the captured sort, in the same rounds);
-#   3. `benchmarks/test_bench_sampler.py` (every mode x batch x shape) and its table.
-# Usage: OUT=dir [TRITON_CACHE_DIR=.triton_cache_tip] [BUDGET=560] bash benchmarks/tip_call.sh
+# sampler's variants taken from a Triton cache built ahead on a CPU machine (carry it in).
+# Its parts, in the order they run (PARTS names a subset, e.g. when little device time is left):
+#   variants  `benchmarks.step_variants` at 32000 bf16 (the bitmask-free and programmatic-launch
+#             engines beside the default one and the captured sort, in the same rounds): the
+#             step target the two engine options are for, so it runs first;
+#   gpu_tests `tests/gpu/test_pdl_gpu.py` (programmatic launches return what plain ones do) and
+#             `tests/gpu/test_compile_ahead_gpu.py` (the capture's compile ahead, with and without
+#             bitmask support; compiles its own variants on purpose: its vocabularies are new);
+#   bench     `benchmarks/test_bench_sampler.py` (every mode x batch x shape) and its table.
+# Usage: OUT=dir [TRITON_CACHE_DIR=.triton_cache_tip] [BUDGET=560] [PARTS="variants gpu_tests
+#        bench"] bash benchmarks/tip_call.sh
 # Build the cache first (benchmarks/ablations/README.md, "Queued for the next GPU run").
 # Files under $OUT: times.txt (clocks, cache relocation, each part's end and exit status),
-# gpu_tests.txt, gpu_report.jsonl, variants_32000.json and .txt, bench.json, bench.txt,
+# variants_32000.json and .txt, gpu_tests.txt, gpu_report.jsonl, bench.json, bench.txt,
 # sampler_table.md.
 set -u
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 PYTHONUNBUFFERED=1
@@ -30,11 +33,19 @@ part() {  # part NAME SHARE_OF_WHAT_IS_LEFT(%) COMMAND...
   timeout -k 5 $(( $(left) * share / 100 )) "$@" > "$OUT/$name.txt" 2>&1
   echo "$name rc=$? ${SECONDS}s" >> "$log"
 }
-part gpu_tests 45 python3 -m pytest -q -rs -p no:cacheprovider tests/gpu/test_compile_ahead_gpu.py \
-  tests/gpu/test_pdl_gpu.py
-part variants_32000 45 python3 -m benchmarks.step_variants --shape 32000:bfloat16 \
-  --modes greedy,top_k_top_p --batches 1,8,32 --rounds 8 --steps 200 --out "$OUT/variants_32000.json"
-part bench 95 python3 -m pytest -q -p no:cacheprovider benchmarks/test_bench_sampler.py \
-  --benchmark-json="$OUT/bench.json" --benchmark-columns=median,rounds
-python3 -m benchmarks.sampler_table "$OUT/bench.json" --out "$OUT/sampler_table.md" >> "$log" 2>&1
+parts=${PARTS:-variants gpu_tests bench}
+for name in $parts; do
+  case $name in
+    variants) part variants_32000 40 python3 -m benchmarks.step_variants --shape 32000:bfloat16 \
+      --modes greedy,top_k_top_p --batches 1,8,32 --rounds 8 --steps 200 \
+      --out "$OUT/variants_32000.json" ;;
+    gpu_tests) part gpu_tests 50 python3 -m pytest -q -rs -p no:cacheprovider \
+      tests/gpu/test_pdl_gpu.py tests/gpu/test_compile_ahead_gpu.py ;;
+    bench) part bench 95 python3 -m pytest -q -p no:cacheprovider benchmarks/test_bench_sampler.py \
+      --benchmark-json="$OUT/bench.json" --benchmark-columns=median,rounds
+      python3 -m benchmarks.sampler_table "$OUT/bench.json" --out "$OUT/sampler_table.md" \
+        >> "$log" 2>&1 ;;
+    *) echo "unknown part $name (variants, gpu_tests, bench)" >> "$log" ;;
+  esac
+done
 cat "$log"
