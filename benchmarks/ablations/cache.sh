@@ -14,13 +14,19 @@ shift
 trees=()
 while [[ $# -gt 0 && $1 != "--" ]]; do trees+=("$(cd "$1" && pwd)"); shift; done
 [[ $# -gt 0 ]] && shift
+# Each tree's build runs in that tree: a file argument given relative to here is made absolute.
+args=()
+while [[ $# -gt 0 ]]; do
+  if [[ $1 == --libtriton && $# -gt 1 ]]; then args+=("$1" "$(realpath "$2")"); shift 2
+  else args+=("$1"); shift; fi
+done
 # The second pass should find every variant (well under a second each): a variant it compiles
 # again had a key that depends on something besides the tree's source (Triton's keys depend on
 # the order a process computes them in; `benchmarks/prebuild.py` follows the launches' order).
 for pass in build check; do
   for tree in "${trees[@]}"; do
     echo "== $pass $tree"
-    (cd "$tree" && python3 -m benchmarks.prebuild --jobs "$(nproc)" "$@")
+    (cd "$tree" && python3 -m benchmarks.prebuild --jobs "$(nproc)" "${args[@]}")
   done
 done
 cd "$root" && python3 -m benchmarks.prebuild --relocate
