@@ -5,6 +5,8 @@
 #   variants  `benchmarks.step_variants` at 32000 bf16 (the bitmask-free and programmatic-launch
 #             engines beside the default one and the captured sort, in the same rounds): the
 #             step target the two engine options are for, so it runs first;
+#   variants_large  the same at batches 256 and 1024, where programmatic launches must cost
+#             nothing before they become the default (not in the default PARTS);
 #   gpu_tests `tests/gpu/test_pdl_gpu.py` (programmatic launches return what plain ones do) and
 #             `tests/gpu/test_compile_ahead_gpu.py` (the capture's compile ahead, with and without
 #             bitmask support; compiles its own variants on purpose: its vocabularies are new);
@@ -13,8 +15,8 @@
 #        bench"] bash benchmarks/tip_call.sh
 # Build the cache first (benchmarks/ablations/README.md, "Queued for the next GPU run").
 # Files under $OUT: times.txt (clocks, cache relocation, each part's end and exit status),
-# variants_32000.json and .txt, gpu_tests.txt, gpu_report.jsonl, bench.json, bench.txt,
-# sampler_table.md.
+# variants_32000.json and .txt, variants_32000_large.json and .txt, gpu_tests.txt,
+# gpu_report.jsonl, bench.json, bench.txt, sampler_table.md.
 set -u
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 PYTHONUNBUFFERED=1
 cd "$(dirname "$0")/.."
@@ -39,13 +41,16 @@ for name in $parts; do
     variants) part variants_32000 40 python3 -m benchmarks.step_variants --shape 32000:bfloat16 \
       --modes greedy,top_k_top_p --batches 1,8,32 --rounds 8 --steps 200 \
       --out "$OUT/variants_32000.json" ;;
+    variants_large) part variants_32000_large 40 python3 -m benchmarks.step_variants \
+      --shape 32000:bfloat16 --modes greedy,top_k_top_p --batches 256,1024 --rounds 6 \
+      --steps 100 --out "$OUT/variants_32000_large.json" ;;
     gpu_tests) part gpu_tests 50 python3 -m pytest -q -rs -p no:cacheprovider \
       tests/gpu/test_pdl_gpu.py tests/gpu/test_compile_ahead_gpu.py ;;
     bench) part bench 95 python3 -m pytest -q -p no:cacheprovider benchmarks/test_bench_sampler.py \
       --benchmark-json="$OUT/bench.json" --benchmark-columns=median,rounds
       python3 -m benchmarks.sampler_table "$OUT/bench.json" --out "$OUT/sampler_table.md" \
         >> "$log" 2>&1 ;;
-    *) echo "unknown part $name (variants, gpu_tests, bench)" >> "$log" ;;
+    *) echo "unknown part $name (variants, variants_large, gpu_tests, bench)" >> "$log" ;;
   esac
 done
 cat "$log"
