@@ -35,15 +35,15 @@ part() {  # part NAME SHARE_OF_WHAT_IS_LEFT(%) COMMAND...
   timeout -k 5 $(( $(left) * share / 100 )) "$@" > "$OUT/$name.txt" 2>&1
   echo "$name rc=$? ${SECONDS}s" >> "$log"
 }
+step_loop() {  # step_loop NAME BATCHES ROUNDS STEPS: the four engines and the sort, 32000 bf16
+  part "$1" 40 python3 -m benchmarks.step_variants --shape 32000:bfloat16 \
+    --modes greedy,top_k_top_p --batches "$2" --rounds "$3" --steps "$4" --out "$OUT/$1.json"
+}
 parts=${PARTS:-variants gpu_tests bench}
 for name in $parts; do
   case $name in
-    variants) part variants_32000 40 python3 -m benchmarks.step_variants --shape 32000:bfloat16 \
-      --modes greedy,top_k_top_p --batches 1,8,32 --rounds 8 --steps 200 \
-      --out "$OUT/variants_32000.json" ;;
-    variants_large) part variants_32000_large 40 python3 -m benchmarks.step_variants \
-      --shape 32000:bfloat16 --modes greedy,top_k_top_p --batches 256,1024 --rounds 6 \
-      --steps 100 --out "$OUT/variants_32000_large.json" ;;
+    variants) step_loop variants_32000 1,8,32 8 200 ;;
+    variants_large) step_loop variants_32000_large 256,1024 6 100 ;;
     gpu_tests) part gpu_tests 50 python3 -m pytest -q -rs -p no:cacheprovider \
       tests/gpu/test_pdl_gpu.py tests/gpu/test_compile_ahead_gpu.py ;;
     bench) part bench 95 python3 -m pytest -q -p no:cacheprovider benchmarks/test_bench_sampler.py \
