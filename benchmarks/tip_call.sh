@@ -7,6 +7,9 @@
 #             step target the two engine options are for, so it runs first;
 #   variants_large  the same at batches 256 and 1024, where programmatic launches must cost
 #             nothing before they become the default (not in the default PARTS);
+#   timeline  `benchmarks.step_timeline` at 32000 bf16, batch 1, for the default engine and the
+#             one with both options: where the step's remaining device time and gaps are (not
+#             in the default PARTS);
 #   gpu_tests `tests/gpu/test_pdl_gpu.py` (programmatic launches return what plain ones do) and
 #             `tests/gpu/test_compile_ahead_gpu.py` (the capture's compile ahead, with and without
 #             bitmask support; compiles its own variants on purpose: its vocabularies are new);
@@ -15,7 +18,8 @@
 #        bench"] bash benchmarks/tip_call.sh
 # Build the cache first (benchmarks/ablations/README.md, "Queued for the next GPU run").
 # Files under $OUT: times.txt (clocks, cache relocation, each part's end and exit status),
-# variants_32000.json and .txt, variants_32000_large.json and .txt, gpu_tests.txt,
+# variants_32000.json and .txt, variants_32000_large.json and .txt, timeline_default.json and
+# timeline_both.json (and .txt), gpu_tests.txt,
 # gpu_report.jsonl, bench.json, bench.txt, sampler_table.md.
 set -u
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 PYTHONUNBUFFERED=1
@@ -44,13 +48,19 @@ for name in $parts; do
   case $name in
     variants) step_loop variants_32000 1,8,32 8 200 ;;
     variants_large) step_loop variants_32000_large 256,1024 6 100 ;;
-    gpu_tests) part gpu_tests 50 python3 -m pytest -q -rs -p no:cacheprovider \
+    timeline)
+      part timeline_default 20 python3 -m benchmarks.step_timeline --shape 32000:bfloat16 \
+        --modes greedy,top_k_top_p --batches 1 --out "$OUT/timeline_default.json"
+      part timeline_both 25 python3 -m benchmarks.step_timeline --shape 32000:bfloat16 \
+        --modes greedy,top_k_top_p --batches 1 --no-grammar-bitmask --programmatic-launch \
+        --out "$OUT/timeline_both.json" ;;
+    gpu_tests) part gpu_tests 80 python3 -m pytest -q -rs -p no:cacheprovider \
       tests/gpu/test_pdl_gpu.py tests/gpu/test_compile_ahead_gpu.py ;;
     bench) part bench 95 python3 -m pytest -q -p no:cacheprovider benchmarks/test_bench_sampler.py \
       --benchmark-json="$OUT/bench.json" --benchmark-columns=median,rounds
       python3 -m benchmarks.sampler_table "$OUT/bench.json" --out "$OUT/sampler_table.md" \
         >> "$log" 2>&1 ;;
-    *) echo "unknown part $name (variants, variants_large, gpu_tests, bench)" >> "$log" ;;
+    *) echo "unknown part $name (variants, variants_large, timeline, gpu_tests, bench)" >> "$log" ;;
   esac
 done
 cat "$log"
