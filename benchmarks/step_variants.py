@@ -4,7 +4,8 @@ Usage: python3 -m benchmarks.step_variants [--modes greedy,top_k_top_p] [--batch
        [--rounds 8] [--steps 200] [--shape 152064:float32] [--out variants.json]
 
 V = 152064 fp32 unless `--shape` says otherwise, logits `randn * 3`, every request with the
-mode's settings. Each round runs
+mode's settings. The first engine has bitmask support and plain launches (`programmatic_launch
+= false`, whatever the default). Each round runs
 every variant's loop once (`--steps` back-to-back steps, each ending with the host read); a
 variant's figure is the median over rounds of its loop medians (and the smallest), so a slow
 spell of the host hits every variant alike.
@@ -44,7 +45,8 @@ def loop_median_us(step, steps: int) -> float:
     return float(np.median(np.diff(marks))) * 1e6
 
 
-# The engines timed in place beside the default one: name -> config changes.
+# The engines timed in place beside the first (bitmask support, plain launches): name -> config
+# changes.
 OTHER_ENGINES = {"no_bitmask": dict(grammar_bitmask=False),
                  "pdl": dict(programmatic_launch=True),
                  "no_bitmask_pdl": dict(grammar_bitmask=False, programmatic_launch=True)}
@@ -53,7 +55,7 @@ OTHER_ENGINES = {"no_bitmask": dict(grammar_bitmask=False),
 def build(batches, vocab: int, dtype: torch.dtype, device, **changes) -> Engine:
     cfg = Config(vocab_size=vocab, max_num_reqs=max(batches), max_num_slots=max(batches),
                  logits_dtype=str(dtype).removeprefix("torch."), buckets=tuple(sorted(batches)),
-                 graph_backend="cuda", **changes)
+                 graph_backend="cuda", **{"programmatic_launch": False, **changes})
     engine = Engine(cfg, device=device)
     for slot in range(cfg.max_num_slots):
         engine.add_request(slot, MODES["greedy"])

@@ -85,9 +85,10 @@ class Config:
     # dependents of the kernel before each, where the GPU can (compute capability 9.0+;
     # `graphshard.runtime.pdl`): each may be scheduled while its predecessor finishes and waits
     # for it before touching memory, so the results are the same and the gaps between kernels
-    # shorter. Ignored on other devices (`Engine.programmatic_launch` says what applies). Off by
-    # default: its effect on a step has not been measured (BENCHMARKS.md).
-    programmatic_launch: bool = False
+    # shorter. Ignored on other devices (`Engine.programmatic_launch` says what applies). On by
+    # default: on an H100 at 32000 bf16 the step was faster at 15 of the 16 points timed
+    # (batches 1 to 1024) and 1 µs slower at one (BENCHMARKS.md).
+    programmatic_launch: bool = True
     # Seconds a rank waits for a peer before the step fails (p2p barriers, gloo collectives);
     # a CUDA step still running after twice this is aborted.
     timeout_s: float = 60.0

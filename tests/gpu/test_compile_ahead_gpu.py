@@ -26,8 +26,10 @@ SAMPLER = ("_scan_kernel", "_finish_kernel")
 
 
 @triton.jit
-def _probe_kernel(x_ptr):
-    tl.store(x_ptr, 1)
+def _probe_kernel(x_ptr, TAG: tl.constexpr):
+    # TAG makes each case's probe a variant of its own: one compiled by an earlier case is in
+    # memory, and its launch would not reach the watch.
+    tl.store(x_ptr, TAG)
 
 
 # Without bitmask support another vocabulary again: its lean scans would otherwise be in memory.
@@ -65,7 +67,7 @@ def test_capture_compiles_the_sampler_ahead_and_no_step_compiles_one(gpu_report,
             cu, lens = np.arange(n + 1, dtype=np.int32), np.full(n, 7, np.int32)
             engine.step(idx, cu, lens, logits)
             steps.append((idx, cu, lens, logits, engine.read().records.copy()))
-        launch(_probe_kernel, (1,), torch.zeros(1, dtype=torch.int32, device=engine.device))
+        launch(_probe_kernel, (1,), torch.zeros(1, dtype=torch.int32, device=engine.device), vocab)
     finally:
         knobs.runtime.jit_cache_hook = None
     assert "_probe_kernel" in missed  # the watch saw a launch that compiled

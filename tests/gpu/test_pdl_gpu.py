@@ -29,7 +29,8 @@ KINDS = [dict(temperature=0.0), dict(temperature=0.8, top_k=50, top_p=0.9),
 @pytest.mark.parametrize("grammar", [True, False])
 def test_dependent_launches_return_what_plain_launches_do(grammar):
     cfg = CFG.replace(grammar_bitmask=grammar)
-    plain, dependent = Engine(cfg), Engine(cfg.replace(programmatic_launch=True))
+    plain = Engine(cfg.replace(programmatic_launch=False))
+    dependent = Engine(cfg.replace(programmatic_launch=True))
     assert dependent.programmatic_launch and not plain.programmatic_launch
     tables = SlotTables(cfg.max_num_slots, plain.device)
     for slot in range(cfg.max_num_slots):
