@@ -86,7 +86,7 @@ class Config:
     # `graphshard.runtime.pdl`): each may be scheduled while its predecessor finishes and waits
     # for it before touching memory, so the results are the same and the gaps between kernels
     # shorter. Ignored on other devices (`Engine.programmatic_launch` says what applies). On by
-    # default: on an H100 at 32000 bf16 the step was faster at 15 of the 16 points timed
+    # default: on an H100 at 32000 bf16 the step was faster at 21 of the 22 points timed
     # (batches 1 to 1024) and 1 µs slower at one (BENCHMARKS.md).
     programmatic_launch: bool = True
     # Seconds a rank waits for a peer before the step fails (p2p barriers, gloo collectives);
