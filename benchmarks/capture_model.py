@@ -22,10 +22,12 @@ import torch
 
 from graphshard.sample.floors import (FLOOR_LANES, FLOOR_PIVOTS, FLOOR_PASSES, FLOOR_RADIX_BITS,
                                       HOT_FEW, HOT_SOME, SMALL_FLOOR_LANES)
-from graphshard.sample.kernels import CHUNK_TOP, SCAN_BLOCK_SIZE
-from graphshard.sample.workspace import CHUNK_SIZE, HOT_LANES, HOT_TILE
+from graphshard.sample.kernels import SCAN_BLOCK_SIZE, chunk_top
+from graphshard.sample.workspace import CHUNK_SIZE, HOT_LANES, HOT_TILE, SMALL_ROW_SPLITS
 
-GROUP = 2  # chunks per scan program from 256 grid rows (kernels.SPLITS_PER_PROGRAM)
+# Chunks per scan program from 256 grid rows (kernels.SPLITS_PER_PROGRAM), but in rows of at
+# most SMALL_ROW_SPLITS chunks (one).
+GROUP = 2
 NEEDS = {"top_p": None, "top_k": 50, "logprobs_5": 5, "logprobs_20": 20}
 
 
@@ -56,7 +58,8 @@ def model(mode: str, vocab: int, rows: int, dtype: str = "float32",
     fp32 ones rounded (more ties, so more lanes reach a cut)."""
     rs = np.random.default_rng(seed)
     splits = -(-vocab // CHUNK_SIZE)
-    programs = -(-splits // GROUP)
+    group = 1 if splits <= SMALL_ROW_SPLITS else GROUP
+    programs = -(-splits // group)
     hot, pools = [], []
     for _ in range(rows):
         x = np.full(splits * CHUNK_SIZE, -np.inf, np.float32)
@@ -65,10 +68,10 @@ def model(mode: str, vocab: int, rows: int, dtype: str = "float32",
             x = torch.from_numpy(x).to(getattr(torch, dtype)).float().numpy()
         cut, pool = None, 0
         for p in range(programs):
-            cols = x[p * GROUP * CHUNK_SIZE:(p + 1) * GROUP * CHUNK_SIZE]
+            cols = x[p * group * CHUNK_SIZE:(p + 1) * group * CHUNK_SIZE]
             lanes = cols.reshape(-1, SCAN_BLOCK_SIZE).max(0)
-            count = min(GROUP, splits - p * GROUP)
-            need = NEEDS[mode] or min(CHUNK_TOP * count, FLOOR_LANES)
+            count = min(group, splits - p * group)
+            need = NEEDS[mode] or min(chunk_top(SCAN_BLOCK_SIZE, splits) * count, FLOOR_LANES)
             small = need * 4 <= SMALL_FLOOR_LANES
             if cut is None:
                 folded = lanes.reshape(SMALL_FLOOR_LANES, -1).max(1) if small else lanes
@@ -102,7 +105,8 @@ def main(argv=None) -> None:
     parser.add_argument("--rows", type=int, default=64)
     args = parser.parse_args(argv)
     hot, pools = model(args.mode, args.vocab, args.rows, args.dtype)
-    print(f"{args.mode}, V = {args.vocab} {args.dtype}, {args.rows} rows, {GROUP} chunks per "
+    group = 1 if -(-args.vocab // CHUNK_SIZE) <= SMALL_ROW_SPLITS else GROUP
+    print(f"{args.mode}, V = {args.vocab} {args.dtype}, {args.rows} rows, {group} chunks per "
           "program")
     print(f"hot lanes per program: mean {hot.mean():.0f}, median {np.median(hot):.0f}, "
           f"p90 {np.percentile(hot, 90):.0f}, max {hot.max()}")

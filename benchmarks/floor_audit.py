@@ -11,8 +11,8 @@ floors (`P_FLOOR_S` of the workspace partials: tokens below a chunk's floor were
 and the rows that left the candidate path. For rows with a top-k (at most SMALL_TOP_K) or a
 top-p and no logprobs it checks, in float64 from the logits:
 - `bound`: every floor lies at or below the largest, over the row's scan programs, of the
-  program's `need`-th largest logit (`need`: the top-k, else CHUNK_TOP per chunk), as the
-  floor searches and the shared cut guarantee. A row past it shows a capture fault.
+  program's `need`-th largest logit (`need`: the top-k, else `kernels.chunk_top` per chunk), as
+  the floor searches and the shared cut guarantee. A row past it shows a capture fault.
 - `nucleus`: the row's largest floor lies below its smallest kept logit (top-k, then top-p, as
   `graphshard.sample.reference` keeps them). A row past it cannot settle from its pool.
 Prints one line per call and a summary; exits 1 when a `bound` fault was seen. Runs on a CPU
@@ -28,9 +28,10 @@ import numpy as np
 import torch
 
 from benchmarks.sampling_modes import MODES, make_logits, sampler_call
-from graphshard.sample.kernels import SPLITS_PER_PROGRAM, _splits_per_program
+from graphshard.sample.kernels import (SCAN_BLOCK_SIZE, SPLITS_PER_PROGRAM, _splits_per_program,
+                                       chunk_top)
 from graphshard.sample.reference import kept_mask
-from graphshard.sample.workspace import CHUNK_TOP, NUM_PART, P_FLOOR_S, SMALL_TOP_K
+from graphshard.sample.workspace import NUM_PART, P_FLOOR_S, SMALL_TOP_K
 
 
 def kept_floor(scores: np.ndarray, top_k: int, top_p: float) -> float:
@@ -69,7 +70,8 @@ def main(argv=None) -> None:
     group = _splits_per_program(args.batch, ws.num_splits, None)
     x = logits.float().cpu().numpy().astype(np.float64)
     small_k = params.top_k if 0 < params.top_k <= SMALL_TOP_K else 0
-    bounds = np.array([program_bound(r, ws.chunk_size, group, CHUNK_TOP, small_k) for r in x])
+    top = chunk_top(SCAN_BLOCK_SIZE, ws.num_splits)
+    bounds = np.array([program_bound(r, ws.chunk_size, group, top, small_k) for r in x])
     inv_temp = 1.0 / params.temperature
     kept = np.array([kept_floor(r * inv_temp, params.top_k, params.top_p) for r in x]) / inv_temp
     rows = args.batch

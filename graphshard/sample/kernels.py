@@ -45,7 +45,8 @@ Execution
 ---------
 The vocabulary is cut into chunks of CHUNK columns; a program streams GROUP consecutive
 chunks of a row (one at small batch, so a single row spreads over many SMs; two at large batch,
-`SPLITS_PER_PROGRAM`; one compiled scan per GROUP). Two launches:
+`SPLITS_PER_PROGRAM`, but one in rows of at most SMALL_ROW_SPLITS chunks, which capture more per
+chunk; one compiled scan per GROUP). Two launches:
 1. `_scan_kernel`, grid `(max_num_reqs * M, ceil(SPLITS / GROUP))`, launched twice when a
    device flag switches the bitmask (with and without bitmask support; the flag picks which one
    works). Each program reads each of its chunks once (`graphshard.sample.stream`) for the
@@ -96,7 +97,8 @@ from graphshard.sample.rows import top_p_only, uses_filters
 from graphshard.sample.stream import store_floors, stream
 from graphshard.sample.floors import (capture_above_floors, capture_hot, floor_lanes,
                                       share_floor)
-from graphshard.sample.workspace import (CHUNK_TOP, HOT_LANES, MAX_LOGPROBS, SMALL_TOP_K,
+from graphshard.sample.workspace import (CHUNK_TOP, HOT_LANES, MAX_LOGPROBS,
+                                          SMALL_ROW_CHUNK_TOP, SMALL_ROW_SPLITS, SMALL_TOP_K,
                                           SamplerWorkspace, padded, workspace_request,
                                           workspace_row)
 
@@ -121,7 +123,8 @@ LEAN_SCAN_REGISTERS = 64
 # program's chunks keep their own partial results, so the choice changes no result. On an H200
 # (BENCHMARKS.md, V = 152064 fp32, batch 1024) two chunks make the top-k + top-p scan 14 %
 # faster (363 -> 311 µs) and the greedy scan 3 % slower (168 -> 173; the two-chunk scan
-# spills); four leave top-p nuclei out of the pools.
+# spills); four leave top-p nuclei out of the pools. Rows of at most SMALL_ROW_SPLITS chunks
+# keep one chunk per program (`_splits_per_program`).
 SPLITS_PER_PROGRAM = ((256, 2),)
 # Programs the finish gives each row, by the rows of its grid (a static bound, like the scan's
 # chunks per program, so a captured graph keeps its choice): at small batch a top-p row's large
@@ -170,9 +173,11 @@ def small_top_k(block):
 
 
 @triton.constexpr_function
-def chunk_top(block):
-    """Candidates a chunk keeps for filters without a small top-k (and the rank of a token)."""
-    return min(CHUNK_TOP, floor_lanes(block))
+def chunk_top(block, splits):
+    """Candidates a chunk keeps for filters without a small top-k (and the rank of a token): more
+    in a row of few chunks."""
+    top = SMALL_ROW_CHUNK_TOP if splits <= SMALL_ROW_SPLITS else CHUNK_TOP
+    return min(top, floor_lanes(block))
 
 
 @triton.constexpr_function
@@ -280,7 +285,7 @@ def _scan_kernel(
     slots_ptr, ws_ptr = buffers
     workspace = (ws_ptr, rows)
     SMALL_K: tl.constexpr = small_top_k(BLOCK)
-    WIDE: tl.constexpr = chunk_top(BLOCK)
+    WIDE: tl.constexpr = chunk_top(BLOCK, SPLITS)
     row_id = tl.program_id(0)
     follow_producer(PDL)
     live, _, r, first_row, m, seq_len, slot = _open_row(num_reqs_ptr, req_slots_ptr,
@@ -565,6 +570,12 @@ def _splits_per_program(grid_rows: int, splits: int, override: int | None) -> in
     for rows, per_program in SPLITS_PER_PROGRAM:
         if grid_rows >= rows:
             group = per_program
+    if splits <= SMALL_ROW_SPLITS:
+        # Two of a small row's chunks would need twice its larger capture (`chunk_top`) from
+        # one program, past its HOT_LANES: on an H100 at V = 32000 bf16 that doubled the top-p
+        # scan at batch 256 and 1024; one chunk per program cost greedy 0.6-1.8 µs there
+        # (BENCHMARKS.md).
+        group = 1
     return min(group, max(splits, 1))
 
 

@@ -32,7 +32,17 @@ SMALL_TOP_K = 256
 # 0.9 over 152K logits `randn * 3` at temperature 0.8 holds ~60 tokens of a chunk. On an H200
 # (BENCHMARKS.md) 128 against 256 made top-p 0.9 at batch 1 33 % faster (53.7 -> 36.1 µs).
 CHUNK_TOP = 128
-# Pool entries per row and chunk: twice CHUNK_TOP plus the ties of its floor, with headroom.
+# A row of at most SMALL_ROW_SPLITS chunks captures SMALL_ROW_CHUNK_TOP per chunk: its pool is
+# the smallest, and at V = 32000 bf16 ~1 % of top-p 0.9 rows at temperature 0.8 had a nucleus
+# reaching below it and took the deep draw, ~100 µs in one finish program, which at batch 256
+# made the top-p sampler 5x the top-k + top-p one on an H100 (`benchmarks.pool_model`: 17 % of
+# rows past the largest chunk floor at 128, 0.2 % at 192). With 192 none did, and the top-p
+# sampler took 45 against 135 µs at batch 256 and 148 against 240 at 1024, 1-2 µs more at
+# batches 1 and 32 (BENCHMARKS.md).
+SMALL_ROW_SPLITS = 4
+SMALL_ROW_CHUNK_TOP = 192
+# Pool entries per row and chunk: twice CHUNK_TOP plus the ties of its floor, with headroom (a
+# row's chunks share its pool: a small row's 192 per chunk fill half of it).
 POOL_PER_SPLIT = 384
 MAX_POOL = 16384
 

@@ -264,3 +264,20 @@ if __name__ == "__main__":
     device = "cuda" if torch.cuda.is_available() else "cpu"
     ws = run_setting(setting, torch.float32, 48, device)
     print(setting, "fp32, 48 rows:", ws.paths(), "split", ws.split_draws())
+
+
+def test_small_rows_at_large_grids_equal_the_reference():
+    """V = 32000 (4 chunks): a grid of 256 rows takes one chunk per scan program and 192
+    candidates per chunk (`kernels.chunk_top`), and a top-p row one finish program; its rows
+    equal the reference. (On an H100 the tip's 128 per chunk sent ~1 % of such rows to the deep
+    draw; BENCHMARKS.md.)"""
+    vocab = 32000
+    rs = np.random.default_rng(11)
+    n = 64
+    b = make_batch(rs, [SETTINGS["top_p"]] * n, dtype=torch.bfloat16)
+    b.logits = (torch.from_numpy(rs.standard_normal((n, vocab)).astype(np.float32)) * 3
+                ).to(torch.bfloat16)
+    ws = sampler.SamplerWorkspace.allocate(256, 1, vocab, "cuda")
+    records, layout = run_kernel(b, K=20, vocab_size=vocab, max_num_reqs=256, block_size=None,
+                                 workspace=ws)
+    assert_same(records, layout, run_ref(b, K=20, vocab_size=vocab))

@@ -22,7 +22,8 @@ from graphshard.runtime.launch import specialization_key
 from graphshard.sample.params import SamplingParams, SlotTables
 from graphshard.sample.records import RecordLayout, unpack
 from graphshard.sample.reference import sample_ref
-from graphshard.sample.workspace import NUM_PART, P_FLOOR_R, P_FLOOR_S
+from graphshard.sample.workspace import (NUM_PART, P_FLOOR_R, P_FLOOR_S, SMALL_ROW_CHUNK_TOP,
+                                          SMALL_ROW_SPLITS)
 
 INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
 DEVICE = "cpu" if INTERPRET else "cuda"
@@ -1114,3 +1115,24 @@ def test_logprob_passes_read_chunks_with_nans_again(block, dtype):
                        splits_per_program=group)[0] for group in (1, 2)]
     assert torch.equal(runs[0], runs[1])
     assert_same(runs[0], RecordLayout(1, 3), run_ref(b, K=3, vocab_size=AV))
+
+
+def test_rows_of_few_chunks_capture_more_and_settle_from_their_pools():
+    """A row of 4 chunks captures SMALL_ROW_CHUNK_TOP candidates per chunk (192 of 512 here,
+    with 256 floor lanes): a near-flat top-p row whose nucleus holds ~150 tokens of every chunk
+    settles from its pool (128 per chunk would leave part of it out), and every row equals the
+    reference."""
+    vocab, padded, chunk = 2000, 2048, 512
+    assert -(-vocab // chunk) <= SMALL_ROW_SPLITS and SMALL_ROW_CHUNK_TOP > 150
+    rs = np.random.default_rng(31)
+    params = [SamplingParams(temperature=1.0, top_p=0.3, seed=s) for s in range(4)]
+    params += [SamplingParams(temperature=0.8, top_p=0.9, seed=7),
+               SamplingParams(temperature=0.8, min_p=0.05, seed=8),
+               SamplingParams(temperature=0.8, seed=9, num_logprobs=3)]
+    b = make_batch(rs, params)
+    b.logits = make_logits(rs, len(params), vocab=vocab, padded=padded) * 3
+    b.logits[:4, :vocab] = torch.from_numpy(rs.uniform(0.0, 0.01, (4, vocab)).astype(np.float32))
+    ws = sampler.SamplerWorkspace.allocate(len(params), 1, vocab, DEVICE, chunk_size=chunk)
+    records, layout = run_kernel(b, K=3, vocab_size=vocab, block_size=256, workspace=ws)
+    assert_same(records, layout, run_ref(b, K=3, vocab_size=vocab))
+    assert ws.paths() == NO_SLOW_PATHS
