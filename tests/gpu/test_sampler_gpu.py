@@ -254,18 +254,6 @@ def test_min_p_rows_full_vocabulary(kind):
     assert_same(records, layout, run_ref(b, K=3, vocab_size=V))
 
 
-if __name__ == "__main__":
-    # `TRITON_INTERPRET=1 python -m tests.gpu.test_sampler_gpu top_p_cold` runs one setting's
-    # rows on a CPU (about 80 s for 48 rows) and prints how they settled: a kernel change's
-    # effect on the split counts above, before a GPU runs the test.
-    import sys
-
-    setting = sys.argv[1]
-    device = "cuda" if torch.cuda.is_available() else "cpu"
-    ws = run_setting(setting, torch.float32, 48, device)
-    print(setting, "fp32, 48 rows:", ws.paths(), "split", ws.split_draws())
-
-
 def test_small_rows_at_large_grids_equal_the_reference():
     """V = 32000 (4 chunks): a grid of 256 rows takes one chunk per scan program and 192
     candidates per chunk (`kernels.chunk_top`), and a top-p row one finish program; its rows
@@ -281,3 +269,16 @@ def test_small_rows_at_large_grids_equal_the_reference():
     records, layout = run_kernel(b, K=20, vocab_size=vocab, max_num_reqs=256, block_size=None,
                                  workspace=ws)
     assert_same(records, layout, run_ref(b, K=20, vocab_size=vocab))
+
+
+if __name__ == "__main__":
+    # `TRITON_INTERPRET=1 python -m tests.gpu.test_sampler_gpu top_p_cold` runs one setting's
+    # rows on a CPU (about 80 s for 48 rows) and prints how they settled: a kernel change's
+    # effect on the split counts above, before a GPU runs the test.
+    import sys
+
+    setting = sys.argv[1]
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    ws = run_setting(setting, torch.float32, 48, device)
+    print(setting, "fp32, 48 rows:", ws.paths(), "split", ws.split_draws())
+
