@@ -13,14 +13,18 @@
 #   gpu_tests `tests/gpu/test_pdl_gpu.py` (programmatic launches return what plain ones do) and
 #             `tests/gpu/test_compile_ahead_gpu.py` (the capture's compile ahead, with and without
 #             bitmask support; compiles its own variants on purpose: its vocabularies are new);
-#   bench     `benchmarks/test_bench_sampler.py` (every mode x batch x shape) and its table.
+#   bench     `benchmarks/test_bench_sampler.py` (every mode x batch x shape) and its table;
+#   kernel_tests  the compiled sampler's tests (`tests/gpu/test_sampler_gpu.py`,
+#             `test_kernels_gpu.py`, `tests/sample/test_rows.py`) and the compile-ahead test
+#             without bitmask support, in parallel shards of one pytest process each: they
+#             compile their own variants, one core a process (not in the default PARTS).
 # Usage: OUT=dir [TRITON_CACHE_DIR=.triton_cache_tip] [BUDGET=560] [PARTS="variants gpu_tests
 #        bench"] bash benchmarks/tip_call.sh
 # Build the cache first (benchmarks/ablations/README.md, "Queued for the next GPU run").
 # Files under $OUT: times.txt (clocks, cache relocation, each part's end and exit status),
 # variants_32000.json and .txt, variants_32000_large.json and .txt, timeline_default.json and
 # timeline_both.json (and .txt), gpu_tests.txt,
-# gpu_report.jsonl, bench.json, bench.txt, sampler_table.md.
+# gpu_report.jsonl, bench.json, bench.txt, sampler_table.md, kernel_tests_<shard>.txt.
 set -u
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 PYTHONUNBUFFERED=1
 cd "$(dirname "$0")/.."
@@ -43,6 +47,27 @@ step_loop() {  # step_loop NAME BATCHES ROUNDS STEPS: the four engines and the s
   part "$1" 40 python3 -m benchmarks.step_variants --shape 32000:bfloat16 \
     --modes greedy,top_k_top_p --batches "$2" --rounds "$3" --steps "$4" --out "$OUT/$1.json"
 }
+kernel_tests() {  # each shard a pytest process of its own, all within 95% of what is left
+  local t=$(( $(left) * 95 / 100 )) i=0 shard
+  local shards=(
+    "tests/gpu/test_sampler_gpu.py -k small_rows_at_large_grids or large_batches_settle"
+    "tests/gpu/test_sampler_gpu.py -k benchmark_settings"
+    "tests/gpu/test_sampler_gpu.py -k split_nucleus or deep_nucleus or kept_winners"
+    "tests/gpu/test_sampler_gpu.py -k chunks_per_program or capped or temperature_logprobs"
+    "tests/gpu/test_sampler_gpu.py -k adversarial or min_p_rows"
+    "tests/gpu/test_kernels_gpu.py tests/sample/test_rows.py"
+    "tests/gpu/test_compile_ahead_gpu.py -k False")
+  for shard in "${shards[@]}"; do
+    local files=${shard%% -k *} k=
+    [[ $shard == *" -k "* ]] && k=${shard#* -k }
+    timeout -k 5 $t python3 -m pytest -q -rs -p no:cacheprovider $files ${k:+-k "$k"} \
+      > "$OUT/kernel_tests_$i.txt" 2>&1 &
+    i=$(( i + 1 ))
+  done
+  wait
+  grep -H -E "passed|failed|error" "$OUT"/kernel_tests_*.txt | grep -v "^.*::" >> "$log"
+  echo "kernel_tests ${SECONDS}s" >> "$log"
+}
 parts=${PARTS:-variants gpu_tests bench}
 for name in $parts; do
   case $name in
@@ -60,7 +85,9 @@ for name in $parts; do
       --benchmark-json="$OUT/bench.json" --benchmark-columns=median,rounds
       python3 -m benchmarks.sampler_table "$OUT/bench.json" --out "$OUT/sampler_table.md" \
         >> "$log" 2>&1 ;;
-    *) echo "unknown part $name (variants, variants_large, timeline, gpu_tests, bench)" >> "$log" ;;
+    kernel_tests) kernel_tests ;;
+    *) echo "unknown part $name (variants, variants_large, timeline, gpu_tests, bench," \
+         "kernel_tests)" >> "$log" ;;
   esac
 done
 cat "$log"
