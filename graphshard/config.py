@@ -81,6 +81,13 @@ class Config:
     # registers, no bitmask buffer, fewer variants to compile at the first capture. A step
     # given a bitmask then raises InvalidBatchError.
     grammar_bitmask: bool = True
+    # With grammar_bitmask at tp = 1 (and the built-in sampler): also capture every bucket
+    # without bitmask support, and replay that graph for steps given no bitmask, so they run
+    # as an engine with grammar_bitmask = false would (on an H100 at V = 32000 bf16, batch 1,
+    # top-k + top-p: 28.1 against 30.5 µs a step; BENCHMARKS.md). The price: twice the
+    # graphs, and both kinds of sampler variants to compile at capture. Ignored at tp > 1,
+    # where the exchange outweighs the launch it saves.
+    bitmask_free_graphs: bool = True
     # Launch the sampler's kernels (and at tp = 1 the step's last kernel) as programmatic
     # dependents of the kernel before each, where the GPU can (compute capability 9.0+;
     # `graphshard.runtime.pdl`): each may be scheduled while its predecessor finishes and waits
@@ -124,8 +131,8 @@ class Config:
         if isinstance(self.timeout_s, bool) or not isinstance(self.timeout_s, (int, float)) \
                 or not 0 < self.timeout_s <= 86400:
             _fail("timeout_s", self.timeout_s, "must be a number of seconds in (0, 86400]")
-        for field in ("grammar_bitmask", "programmatic_launch", "check_agreement",
-                      "divergence_check"):
+        for field in ("grammar_bitmask", "bitmask_free_graphs", "programmatic_launch",
+                      "check_agreement", "divergence_check"):
             if not isinstance(getattr(self, field), bool):
                 _fail(field, getattr(self, field), "must be true or false")
         self._resolve_buckets()

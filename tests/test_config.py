@@ -41,6 +41,8 @@ def test_default_buckets_follow_the_rule():
     ("num_logprobs", -1, "must be >= 0"),
     ("grammar_bitmask", "no", "grammar_bitmask' = 'no': must be true or false"),
     ("grammar_bitmask", 0, "grammar_bitmask' = 0: must be true or false"),
+    ("bitmask_free_graphs", 1, "bitmask_free_graphs' = 1: must be true or false"),
+    ("programmatic_launch", "yes", "programmatic_launch' = 'yes': must be true or false"),
 ])
 def test_bad_fields_name_field_and_value(field, value, message):
     with pytest.raises(ConfigError, match=message):

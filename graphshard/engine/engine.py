@@ -34,7 +34,7 @@ from graphshard.plan.kernel import fetch_and_plan
 from graphshard.plan.layout import PlanBuffers
 from graphshard.sample.records import HostOutput, RecordLayout, SamplerOutput, unpack
 from graphshard.engine.rendezvous import Rendezvous
-from graphshard.engine.routes import Route, eager_key, eager_keys, keys_for
+from graphshard.engine.routes import Route, eager_key, eager_keys, is_unmasked, keys_for, unmasked
 from graphshard.sample.kernels import SamplerWorkspace, bitmask_words, sample
 from graphshard.engine.strategy import REPLICATE, SHARD, choose_strategies
 from graphshard.engine.validate import BatchChecker, BatchLimits
@@ -138,6 +138,9 @@ class Engine:
         self.programmatic_launch = cfg.programmatic_launch and supports_pdl(dev)
         self.sample = self._user_sampler or functools.partial(
             sample, workspace=self.workspace, pdl=self.programmatic_launch)
+        # Whether each bucket also has a graph without bitmask support, for steps given none.
+        self.bitmask_free_graphs = (cfg.bitmask_free_graphs and cfg.grammar_bitmask
+                                    and self.tp_size == 1 and self._user_sampler is None)
         # Every logits row is its own bitmask row in batch order (replicate and tp=1 paths).
         self.identity_rows = torch.arange(n * m, dtype=torch.int32, device=dev)
         self.transport = None
@@ -272,10 +275,10 @@ class Engine:
 
         return step
 
-    def _replicate_fn(self, bucket: int):
-        inp, m = self.inputs, self.config.max_num_logits_per_req
+    def _replicate_fn(self, key: tuple):
+        bucket, inp, m = key[0], self.inputs, self.config.max_num_logits_per_req
         agree = self.divergence
-        sample_all = self._sample_fn((bucket, REPLICATE, 0))
+        sample_all = self._sample_fn(key)
 
         def step():
             inp.fetch()
@@ -293,13 +296,14 @@ class Engine:
     def _sample_fn(self, key: tuple) -> Callable[[], None]:
         """The sampler call of `key`'s step, reading the full-vocabulary rows where the step's
         exchange leaves them: the transport's receive buffer (an exchange or all-gather into
-        `out=None`), or the inputs' logits at tp = 1."""
-        bucket, strategy, capacity = key
+        `out=None`), or the inputs' logits at tp = 1. An `unmasked` key's call has no bitmask."""
+        bucket, strategy, capacity = key[:3]
         inp, pb, m = self.inputs, self.plan_buffers, self.config.max_num_logits_per_req
         full = inp.logits if self.transport is None else self.transport.receive_buffer()
-        masked = inp.grammar_bitmask is not None
+        masked = inp.grammar_bitmask is not None and not is_unmasked(key)
         common = dict(vocab_size=self.config.vocab_size, tables=self.tables, layout=self.layout,
-                      bitmask=inp.grammar_bitmask, bitmask_enabled=inp.bitmask_on if masked else None)
+                      bitmask=inp.grammar_bitmask if masked else None,
+                      bitmask_enabled=inp.bitmask_on if masked else None)
         if strategy == SHARD:
             return functools.partial(
                 self.sample, full, num_reqs=pb.local_num_reqs, req_slots=pb.local_idx_mapping,
@@ -314,10 +318,10 @@ class Engine:
             bitmask_rows=self.identity_rows if masked else None, **common)
 
     def _step_fn(self, key: tuple):
-        bucket, strategy, capacity = key
+        bucket, strategy, capacity = key[:3]
         if strategy == SHARD:
             return self._shard_fn(bucket, capacity)
-        return self._replicate_fn(bucket)
+        return self._replicate_fn(key)
 
     # -- capture --------------------------------------------------------------------------------
     def capture(self) -> None:
@@ -340,6 +344,8 @@ class Engine:
         for b in self.config.buckets:
             for strategy in ((SHARD, REPLICATE) if auto else (self._strategy[b],)):
                 keys += keys_for(b, strategy, self._tiers.get(b))
+        if self.bitmask_free_graphs:  # tp = 1: one replicate key a bucket
+            keys += [unmasked(key) for key in keys]
         self._compile_samplers(keys + self._eager_keys(auto))
         self.graphs.capture(self._capture_fn, keys=keys)
         if auto:
@@ -408,8 +414,9 @@ class Engine:
     def _route(self, n: int) -> Route:
         bucket = self.graphs.bucket_for(n)
         keys = keys_for(bucket, self._strategy[bucket], self._tiers.get(bucket))
+        plain = self.graphs.replayer(unmasked(keys[0])) if self.bitmask_free_graphs else None
         return Route(keys, [self.graphs.replayer(key) for key in keys],
-                     unpack(self.records[:n], self.layout))
+                     unpack(self.records[:n], self.layout), plain)
 
     # -- the step ---------------------------------------------------------------------------------
     def step(self, idx_mapping: IntArray, cu_num_logits: IntArray, seq_lens: IntArray,
@@ -476,7 +483,7 @@ class Engine:
         self._stage(step, idx, cu, lens, logits, draft_token_ids, grammar_bitmask)
         self._sizes[step & 1] = n
         route = self._routes[n] if n < len(self._routes) else None
-        self._run(step, route, idx, cu)
+        self._run(step, route, idx, cu, grammar_bitmask is None)
         self._settle(step, refusal)
         return route.out if route is not None else self._outputs(n)
 
@@ -502,12 +509,14 @@ class Engine:
         if not (self._one_row and bitmask is None and inputs.is_zero_copy(logits, num_logits)):
             inputs.write_tensors(logits, drafts, bitmask, num_logits)
 
-    def _run(self, step, route, idx, cu) -> None:
-        """Replay the step's graph (or run it eagerly past the buckets); a failure fails the step
+    def _run(self, step, route, idx, cu, unmasked: bool) -> None:
+        """Replay the step's graph (or run it eagerly past the buckets): without bitmask support
+        where the step passes no bitmask and the route has that graph. A failure fails the step
         in the fault guard."""
         try:
             if route is not None:
-                (route.replay or route.replay_for(idx, cu, self.tp_size, self._one_row))()
+                ((unmasked and route.unmasked) or route.replay
+                 or route.replay_for(idx, cu, self.tp_size, self._one_row))()
             else:
                 self._run_eager(idx, cu, idx.shape[0])
         except Exception as e:
@@ -703,7 +712,8 @@ class Engine:
                                         for b, t in self.strategy_timings.items()},
                 "transport": self.transport.name if self.transport is not None else "none",
                 "graph_backend": getattr(self.backend, "name", type(self.backend).__name__),
-                "programmatic_launch": self.programmatic_launch}
+                "programmatic_launch": self.programmatic_launch,
+                "bitmask_free_graphs": self.bitmask_free_graphs}
 
 
 def _owned_reqs(bucket: int, capacity: int) -> int:

@@ -3,8 +3,10 @@
 A graph key is `(bucket, strategy, capacity)`: the batch size it serves, "shard" or "replicate",
 and (shard only) the per-destination row capacity of the exchange. Padded transports capture
 one graph per capacity tier of a bucket and a step takes the smallest tier its busiest owner
-fits; p2p reads the counts on the device and has one tier. The engine builds one `Route` per
-batch size at capture, so a step finds its graph with a list index.
+fits; p2p reads the counts on the device and has one tier. A tp = 1 engine with bitmask support
+also captures each bucket without it, under the key with `NO_BITMASK` appended (`unmasked`), for
+the steps that pass no bitmask. The engine builds one `Route` per batch size at capture, so a
+step finds its graph with a list index.
 """
 
 from __future__ import annotations
@@ -19,17 +21,25 @@ from graphshard.transports.base import pick_tier
 from graphshard.plan.layout import owner_counts, owner_ranks
 
 
+# A graph key's last entry when its step has no bitmask support (`unmasked`).
+NO_BITMASK = "no_bitmask"
+
+
 class Route:
     """How a captured batch of n requests runs: its graph key (or the key of each capacity tier),
-    the replay of each (`GraphManager.replayer`) and the output views of its first n records."""
+    the replay of each (`GraphManager.replayer`), the replay of its graph without bitmask support
+    for steps that pass no bitmask (None where there is none) and the output views of its first
+    n records."""
 
-    __slots__ = ("key", "tiers", "keys", "replays", "replay", "out")
+    __slots__ = ("key", "tiers", "keys", "replays", "replay", "unmasked", "out")
 
-    def __init__(self, keys: list[tuple], replays: list[Callable[[], None]], out: SamplerOutput):
+    def __init__(self, keys: list[tuple], replays: list[Callable[[], None]], out: SamplerOutput,
+                 unmasked: Callable[[], None] | None = None):
         self.key = keys[0] if len(keys) == 1 else None
         self.tiers = tuple(k[2] for k in keys) if len(keys) > 1 else None
         self.keys, self.replays = keys, replays
         self.replay = replays[0] if len(keys) == 1 else None  # the one graph, when there is one
+        self.unmasked = unmasked
         self.out = out
 
     def key_for(self, idx: np.ndarray, cu: np.ndarray, tp_size: int, one_row: bool) -> tuple:
@@ -44,6 +54,15 @@ class Route:
         if self.key is not None:
             return 0
         return self.tiers.index(pick_tier(self.tiers, busiest_owner_rows(idx, cu, tp_size, one_row)))
+
+
+def unmasked(key: tuple) -> tuple:
+    """The key of `key`'s step without bitmask support."""
+    return (*key, NO_BITMASK)
+
+
+def is_unmasked(key: tuple) -> bool:
+    return key[-1] == NO_BITMASK
 
 
 def keys_for(bucket: int, strategy: str, tiers: tuple[int, ...] | None) -> list[tuple]:

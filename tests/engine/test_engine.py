@@ -247,3 +247,59 @@ def test_grammar_bitmask_of_padded_or_real_width():
     # Without a bitmask the next step is unconstrained again.
     out = engine.step(np.arange(2), np.arange(3), np.zeros(2, np.int32), logits)
     assert out.sampled_token_ids[:, 0].tolist() == logits[:, :30].argmax(1).tolist()
+
+
+def _bitmask_steps(engine, cfg, gen):
+    """Six steps of mixed requests at both buckets, a bitmask on every other one; each step's
+    records against the oracle's (the engine's own bitmask-capable sampler, unsharded)."""
+    words = engine.inputs.bitmask_widths[0]
+    for step in range(6):
+        n = (1, 2, 4, 3, 2, 4)[step]
+        idx = np.array([(step + j) % cfg.max_num_slots for j in range(n)], np.int32)
+        cu = np.arange(n + 1, dtype=np.int32)
+        lens = np.full(n, 5 + step, np.int32)
+        logits = torch.randn(n, engine.vocab_shard, generator=gen) * 3
+        mask = None
+        if step % 2:
+            mask = torch.randint(-2**31, 2**31 - 1, (n, words), generator=gen, dtype=torch.int32)
+        out = engine.step(idx, cu, lens, logits, grammar_bitmask=mask)
+        want = sample_unsharded(logits, idx_mapping=idx, cu_num_logits=cu, seq_lens=lens,
+                                tables=engine.tables, layout=engine.layout,
+                                vocab_size=cfg.vocab_size, grammar_bitmask=mask)
+        assert compare(out, want) is None, (step, compare(out, want))
+
+
+def test_steps_without_a_bitmask_replay_the_bitmask_free_graph():
+    """tp = 1 with bitmask support: every bucket also has a graph without it, which the steps
+    given no bitmask replay (and the others the graph with it); both equal the oracle. With
+    `bitmask_free_graphs = false`, or without bitmask support, a bucket has one graph."""
+    cfg = Config(vocab_size=300, vocab_pad_multiple=8, max_num_reqs=4, max_num_slots=6,
+                 buckets=(2, 4), num_logprobs=2)
+    settings = [SamplingParams(temperature=0.0, num_logprobs=2),
+                SamplingParams(temperature=0.8, top_k=5, top_p=0.9, seed=1),
+                SamplingParams(temperature=1.0, top_p=0.7, seed=2),
+                SamplingParams(temperature=0.6, min_p=0.1, seed=3, num_logprobs=1)]
+    plain, masked = ("no_bitmask",), ()
+    for changes, graphs in (({}, {masked, plain}), ({"bitmask_free_graphs": False}, {masked}),
+                            ({"grammar_bitmask": False}, None)):
+        engine = Engine(cfg.replace(**changes))
+        engine.capture()
+        for slot in range(cfg.max_num_slots):
+            engine.add_request(slot, settings[slot % len(settings)])
+        gen = torch.Generator().manual_seed(5)
+        if graphs is None:  # no bitmask may come: the steps without one, the same graphs
+            assert not engine.stats()["bitmask_free_graphs"]
+            assert set(engine.stats()["replays"]) == {(b, "replicate", 0) for b in cfg.buckets}
+            continue
+        _bitmask_steps(engine, cfg, gen)
+        stats = engine.stats()
+        assert stats["bitmask_free_graphs"] == (plain in graphs)
+        assert set(stats["replays"]) == {(b, "replicate", 0, *g) for b in cfg.buckets
+                                         for g in graphs}
+        # Steps 0, 2, 4 (n = 1, 4, 2) without a bitmask, steps 1, 3, 5 (n = 2, 3, 4) with one.
+        if plain in graphs:
+            assert stats["replays"] == {(2, "replicate", 0, "no_bitmask"): 2,
+                                        (4, "replicate", 0, "no_bitmask"): 1,
+                                        (2, "replicate", 0): 1, (4, "replicate", 0): 2}
+        else:
+            assert stats["replays"] == {(2, "replicate", 0): 3, (4, "replicate", 0): 3}

@@ -91,6 +91,11 @@ def test_compiled_ahead_holds_what_captures_and_eager_steps_launch(tp, strategy,
             # Both scan variants (bitmask support and none) and one finish per graph.
             assert len(captured) >= 3 * len(CFG.buckets)
             assert masks != {_NO_BITMASK}
+            # At tp = 1 every bucket's graph without bitmask support (`bitmask_free_graphs`)
+            # launches a finish without it, which the masked graphs never do.
+            plain = {launch[0] for launch in captured if _bitmask_args(launch) == _NO_BITMASK}
+            assert ("_finish_kernel" in plain) == (tp == 1)
+            assert stats["bitmask_free_graphs"] == (tp == 1)
         else:
             # One scan and one finish per graph, none with a bitmask or its flag.
             assert len(captured) == 2 * len(CFG.buckets)
