@@ -2,9 +2,10 @@
 # One GPU call for the code as it is (no ablation), within one device call's time, with the
 # sampler's variants taken from a Triton cache built ahead on a CPU machine (carry it in).
 # Its parts, in the order they run (PARTS names a subset, e.g. when little device time is left):
-#   variants  `benchmarks.step_variants` at 32000 bf16 (the bitmask-free and programmatic-launch
-#             engines beside the default one and the captured sort, in the same rounds): the
-#             step target the two engine options are for, so it runs first;
+#   variants  `benchmarks.step_variants` at 32000 bf16 (its engines: plain launches with one
+#             graph a bucket, programmatic launches, no bitmask support, and the config's
+#             defaults, beside the captured sort, in the same rounds): the step target the
+#             engine options are for, so it runs first;
 #   variants_large  the same at batches 256 and 1024, where programmatic launches must cost
 #             nothing before they become the default (not in the default PARTS);
 #   timeline  `benchmarks.step_timeline` at 32000 bf16, batch 1, for the default engine and the
