@@ -19,7 +19,8 @@ Per (shape, mode, batch), on one GPU:
   torch_sort_eager  TorchSortSampler run eagerly, the same loop with the host read.
   torch_sort_graph  the same sampler captured in one CUDA graph, replayed in the loop.
 The engine's config has `grammar_bitmask = true` (as by default) unless `--no-grammar-bitmask`
-(its graphshard rows then say `"grammar_bitmask": false`; no step passes a bitmask), and
+(its graphshard rows then say `"grammar_bitmask": false`; no step passes a bitmask; rows say
+`"bitmask_free_graphs"`: whether those steps replayed a graph without bitmask support), and
 `programmatic_launch` with `--programmatic-launch` (rows: `"programmatic_launch"`, what the
 engine applied; the sampler-alone call is launched the same way).
 Writes a list of rows (keys mode, batch, vocab, dtype, path, step_us, ...) to --out and prints
@@ -138,6 +139,7 @@ def run_shape(vocab: int, dtype: torch.dtype, modes, batches, iters: int, device
             read = loop_us(gs_read, n_iters)
             inplace = loop_us(gs_inplace, n_iters)
             rows.append(dict(common, path="graphshard", grammar_bitmask=grammar_bitmask,
+                             bitmask_free_graphs=engine.bitmask_free_graphs,
                              programmatic_launch=engine.programmatic_launch,
                              sampler_gpu_us=gpu_us,
                              slow_paths=slow_paths, step_read_us=read["step_us"],

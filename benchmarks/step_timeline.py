@@ -62,7 +62,8 @@ def main(argv=None):
     parser.add_argument("--batches", default="1,32")
     parser.add_argument("--steps", type=int, default=200)
     parser.add_argument("--no-grammar-bitmask", action="store_true",
-                        help="an engine whose config has grammar_bitmask = false (one scan)")
+                        help="an engine whose config has grammar_bitmask = false (at tp = 1 the "
+                             "default engine's steps without a bitmask launch the same kernels)")
     parser.add_argument("--programmatic-launch", action="store_true",
                         help="an engine whose config has programmatic_launch = true")
     parser.add_argument("--out", default="timeline.json")

@@ -84,9 +84,11 @@ class Config:
     # With grammar_bitmask at tp = 1 (and the built-in sampler): also capture every bucket
     # without bitmask support, and replay that graph for steps given no bitmask, so they run
     # as an engine with grammar_bitmask = false would (on an H100 at V = 32000 bf16, batch 1,
-    # top-k + top-p: 28.1 against 30.5 µs a step; BENCHMARKS.md). The price: twice the
-    # graphs, and both kinds of sampler variants to compile at capture. Ignored at tp > 1,
-    # where the exchange outweighs the launch it saves.
+    # top-k + top-p: 34.8 against 36.0 µs a step with one graph a bucket; the engine without
+    # bitmask support took 28.1 against 30.5 on a faster host; BENCHMARKS.md). The price: twice
+    # the graphs, and both kinds of sampler variants to compile at capture (5 variants in 225 s
+    # against 3 in 145 s on an H100 host's 16 cores, cold cache). Ignored at tp > 1, where the
+    # exchange outweighs the launch it saves.
     bitmask_free_graphs: bool = True
     # Launch the sampler's kernels (and at tp = 1 the step's last kernel) as programmatic
     # dependents of the kernel before each, where the GPU can (compute capability 9.0+;

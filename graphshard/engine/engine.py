@@ -326,7 +326,8 @@ class Engine:
     # -- capture --------------------------------------------------------------------------------
     def capture(self) -> None:
         """Capture every bucket (every capacity tier of it) into one pool, largest first; with
-        strategy "auto", time both strategies per bucket and keep the faster (`stats()`).
+        strategy "auto", time both strategies per bucket and keep the faster (`stats()`). At
+        tp = 1 with `bitmask_free_graphs`, every bucket a second time without bitmask support.
 
         Collective: every rank calls it, once. The ranks first meet through the group's store,
         so a capture() that some ranks never call raises `RankDivergenceError` on every rank

@@ -250,31 +250,42 @@ def test_grammar_bitmask_of_padded_or_real_width():
 
 
 def _bitmask_steps(engine, cfg, gen):
-    """Six steps of mixed requests at both buckets, a bitmask on every other one; each step's
+    """Six steps of mixed requests of one or two rows (drafts on every row) at both buckets, a
+    bitmask on every other one, step 4 passing its logits in place (`logits=None`); each step's
     records against the oracle's (the engine's own bitmask-capable sampler, unsharded)."""
     words = engine.inputs.bitmask_widths[0]
     for step in range(6):
         n = (1, 2, 4, 3, 2, 4)[step]
         idx = np.array([(step + j) % cfg.max_num_slots for j in range(n)], np.int32)
-        cu = np.arange(n + 1, dtype=np.int32)
+        rows = torch.randint(1, cfg.max_num_logits_per_req + 1, (n,), generator=gen).numpy()
+        cu = np.concatenate([[0], np.cumsum(rows)]).astype(np.int32)
+        num_logits = int(cu[-1])
         lens = np.full(n, 5 + step, np.int32)
-        logits = torch.randn(n, engine.vocab_shard, generator=gen) * 3
+        logits = torch.randn(num_logits, engine.vocab_shard, generator=gen) * 3
+        drafts = torch.randint(0, cfg.vocab_size, (num_logits,), generator=gen, dtype=torch.int32)
         mask = None
         if step % 2:
-            mask = torch.randint(-2**31, 2**31 - 1, (n, words), generator=gen, dtype=torch.int32)
-        out = engine.step(idx, cu, lens, logits, grammar_bitmask=mask)
+            mask = torch.randint(-2**31, 2**31 - 1, (num_logits, words), generator=gen,
+                                 dtype=torch.int32)
+        given = logits
+        if step == 4:
+            engine.inputs.logits[:num_logits].copy_(logits)
+            given = None
+        out = engine.step(idx, cu, lens, given, drafts, grammar_bitmask=mask)
         want = sample_unsharded(logits, idx_mapping=idx, cu_num_logits=cu, seq_lens=lens,
                                 tables=engine.tables, layout=engine.layout,
-                                vocab_size=cfg.vocab_size, grammar_bitmask=mask)
+                                vocab_size=cfg.vocab_size, draft_token_ids=drafts,
+                                grammar_bitmask=mask)
         assert compare(out, want) is None, (step, compare(out, want))
+        assert np.array_equal(engine.read().records, out.to_host().records)
 
 
 def test_steps_without_a_bitmask_replay_the_bitmask_free_graph():
     """tp = 1 with bitmask support: every bucket also has a graph without it, which the steps
     given no bitmask replay (and the others the graph with it); both equal the oracle. With
     `bitmask_free_graphs = false`, or without bitmask support, a bucket has one graph."""
-    cfg = Config(vocab_size=300, vocab_pad_multiple=8, max_num_reqs=4, max_num_slots=6,
-                 buckets=(2, 4), num_logprobs=2)
+    cfg = Config(vocab_size=300, vocab_pad_multiple=8, max_num_reqs=4, max_num_logits_per_req=2,
+                 max_num_slots=6, buckets=(2, 4), num_logprobs=2)
     settings = [SamplingParams(temperature=0.0, num_logprobs=2),
                 SamplingParams(temperature=0.8, top_k=5, top_p=0.9, seed=1),
                 SamplingParams(temperature=1.0, top_p=0.7, seed=2),
