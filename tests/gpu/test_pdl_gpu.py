@@ -3,7 +3,8 @@ dependents (`programmatic_launch = true`) returns exactly what one without does,
 step with no wait between them: every step changes the batch (slots, positions, parameters,
 logits), so a kernel that read its predecessor's output before the predecessor wrote it
 (the scan reading the previous step's fetched inputs, the publish the previous records) would
-return another step's tokens."""
+return another step's tokens. With bitmask support every third step passes a bitmask, so the
+steps alternate between each bucket's two graphs (`bitmask_free_graphs`)."""
 
 import numpy as np
 import pytest
@@ -13,6 +14,7 @@ from graphshard.config import Config
 from graphshard.engine import Engine
 from graphshard.harness.oracle import compare, sample_unsharded
 from graphshard.runtime.pdl import supports_pdl
+from graphshard.sample.kernels import bitmask_words
 from graphshard.sample.params import SamplingParams, SlotTables
 from graphshard.sample.records import unpack
 
@@ -43,20 +45,24 @@ def test_dependent_launches_return_what_plain_launches_do(grammar):
     rng = np.random.default_rng(0)
     gen = torch.Generator(device=plain.device).manual_seed(0)
     batches = []
-    for _ in range(240):
+    for i in range(240):
         n = int(rng.choice([1, 1, 5, 8, 11]))  # 11: above the largest bucket (an eager step)
         idx = rng.permutation(cfg.max_num_slots)[:n].astype(np.int32)
         lens = rng.integers(0, 10**6, n).astype(np.int32)
         logits = (torch.randn(n, plain.vocab, generator=gen, device=plain.device) * 3
                   ).to(torch.bfloat16)
-        batches.append((idx, np.arange(n + 1, dtype=np.int32), lens, logits))
+        mask = None
+        if grammar and i % 3 == 1:  # about half the tokens allowed on each row
+            mask = torch.randint(-2**31, 2**31 - 1, (n, bitmask_words(cfg.vocab_size)),
+                                 generator=gen, device=plain.device, dtype=torch.int32)
+        batches.append((idx, np.arange(n + 1, dtype=np.int32), lens, logits, mask))
     results = {}
     for e in (plain, dependent):
         # Each step issued before the previous one is read: two in flight, back to back.
         records = []
-        for i, (idx, cu, lens, logits) in enumerate(batches):
+        for i, (idx, cu, lens, logits, mask) in enumerate(batches):
             e.inputs.logits[:len(idx)].copy_(logits)  # stream-ordered after the step in flight
-            e.step(idx, cu, lens, None)
+            e.step(idx, cu, lens, None, grammar_bitmask=mask)
             if i:
                 records.append(e.read(e.steps - 2).records.copy())
         records.append(e.read().records.copy())
@@ -64,11 +70,16 @@ def test_dependent_launches_return_what_plain_launches_do(grammar):
     mismatches = [i for i, (a, b) in enumerate(zip(results[id(plain)], results[id(dependent)]))
                   if not np.array_equal(a, b)]
     assert not mismatches, mismatches[:10]
-    for i in range(0, len(batches), 12):  # the oracle on every twelfth step
-        idx, cu, lens, logits = batches[i]
+    for i in list(range(0, len(batches), 12)) + list(range(1, len(batches), 24)):
+        # The oracle on every twelfth step, and every eighth masked one.
+        idx, cu, lens, logits, mask = batches[i]
         want = sample_unsharded(logits, idx_mapping=idx, cu_num_logits=cu, seq_lens=lens,
                                 tables=tables, layout=plain.layout, vocab_size=cfg.vocab_size,
-                                bitmask_support=grammar)
+                                grammar_bitmask=mask, bitmask_support=grammar)
         got = unpack(torch.from_numpy(results[id(dependent)][i]), plain.layout)
         assert compare(got, want) is None, i
     assert dependent.stats()["eager_fallbacks"] > 0
+    for e in (plain, dependent):  # with bitmask support, both graphs of each bucket replayed
+        replayed = {key for key, count in e.stats()["replays"].items() if count}
+        assert replayed == {(b, "replicate", 0, *kind) for b in cfg.buckets
+                            for kind in ([(), ("no_bitmask",)] if grammar else [()])}
