@@ -415,9 +415,9 @@ class Engine:
     def _route(self, n: int) -> Route:
         bucket = self.graphs.bucket_for(n)
         keys = keys_for(bucket, self._strategy[bucket], self._tiers.get(bucket))
-        plain = self.graphs.replayer(unmasked(keys[0])) if self.bitmask_free_graphs else None
+        free = self.graphs.replayer(unmasked(keys[0])) if self.bitmask_free_graphs else None
         return Route(keys, [self.graphs.replayer(key) for key in keys],
-                     unpack(self.records[:n], self.layout), plain)
+                     unpack(self.records[:n], self.layout), free)
 
     # -- the step ---------------------------------------------------------------------------------
     def step(self, idx_mapping: IntArray, cu_num_logits: IntArray, seq_lens: IntArray,
@@ -510,13 +510,13 @@ class Engine:
         if not (self._one_row and bitmask is None and inputs.is_zero_copy(logits, num_logits)):
             inputs.write_tensors(logits, drafts, bitmask, num_logits)
 
-    def _run(self, step, route, idx, cu, unmasked: bool) -> None:
+    def _run(self, step, route, idx, cu, no_bitmask: bool) -> None:
         """Replay the step's graph (or run it eagerly past the buckets): without bitmask support
         where the step passes no bitmask and the route has that graph. A failure fails the step
         in the fault guard."""
         try:
             if route is not None:
-                ((unmasked and route.unmasked) or route.replay
+                ((no_bitmask and route.unmasked) or route.replay
                  or route.replay_for(idx, cu, self.tp_size, self._one_row))()
             else:
                 self._run_eager(idx, cu, idx.shape[0])
