@@ -3,10 +3,12 @@ long it runs, against the same sampler replayed back to back.
 
 Usage: python3 -m benchmarks.step_timeline [--shape 32000:bfloat16] [--modes greedy,top_k_top_p]
        [--batches 1,32] [--steps 200] [--no-grammar-bitmask] [--programmatic-launch]
-       [--out timeline.json]
+       [--publish-kernel] [--buckets 1,32,256,1024] [--k 20] [--out timeline.json]
 
-The engine is built as `benchmarks.bench_sampling` builds it (buckets 1, 32, 256, 1024, layout
-K = 20), so its kernels come from the same compiled cache. The loop: `Engine.step`, then
+By default the engine is built as `benchmarks.bench_sampling` builds it (buckets 1, 32, 256,
+1024, layout K = 20), so its kernels come from the same compiled cache; `--buckets 1,8,32 --k 0`
+builds `benchmarks.step_variants`' engines' sampler variants instead. `--publish-kernel`: an
+engine whose config has `publish_in_finish = false` (a publish kernel ends every step). The loop: `Engine.step`, then
 `Engine.read()` (no device operation of its own). CUPTI (torch.profiler) gives every device
 operation's start and end; per position in the step (the copy of the staged rows, the fetch,
 the scan(s), the finish, the publish): mean µs from the step's first start to this start,
@@ -66,21 +68,27 @@ def main(argv=None):
                              "default engine's steps without a bitmask launch the same kernels)")
     parser.add_argument("--programmatic-launch", action="store_true",
                         help="an engine whose config has programmatic_launch = true")
+    parser.add_argument("--publish-kernel", action="store_true",
+                        help="an engine whose config has publish_in_finish = false")
+    parser.add_argument("--buckets", default=",".join(map(str, BUCKETS)))
+    parser.add_argument("--k", type=int, default=MAX_LOGPROBS, help="the config's num_logprobs")
     parser.add_argument("--out", default="timeline.json")
     args = parser.parse_args(argv)
     vocab, dtype = args.shape.split(":")
     vocab, device = int(vocab), torch.device("cuda", 0)
-    cfg = Config(vocab_size=vocab, max_num_reqs=max(BUCKETS), max_num_slots=max(BUCKETS),
-                 logits_dtype=dtype, buckets=BUCKETS, graph_backend="cuda",
-                 num_logprobs=MAX_LOGPROBS, grammar_bitmask=not args.no_grammar_bitmask,
-                 programmatic_launch=args.programmatic_launch)
+    buckets = tuple(int(b) for b in args.buckets.split(","))
+    cfg = Config(vocab_size=vocab, max_num_reqs=max(buckets), max_num_slots=max(buckets),
+                 logits_dtype=dtype, buckets=buckets, graph_backend="cuda",
+                 num_logprobs=args.k, grammar_bitmask=not args.no_grammar_bitmask,
+                 programmatic_launch=args.programmatic_launch,
+                 publish_in_finish=not args.publish_kernel)
     engine = Engine(cfg, device=device)
     engine.capture()
-    engine.inputs.logits.copy_(make_logits(max(BUCKETS), engine.vocab, getattr(torch, dtype),
+    engine.inputs.logits.copy_(make_logits(max(buckets), engine.vocab, getattr(torch, dtype),
                                            device))
     rows = []
     for mode in args.modes.split(","):
-        for slot in range(max(BUCKETS)):
+        for slot in range(max(buckets)):
             engine.add_request(slot, MODES[mode], replace=True)
         for n in (int(b) for b in args.batches.split(",")):
             idx, cu = np.arange(n, dtype=np.int32), np.arange(n + 1, dtype=np.int32)
@@ -89,6 +97,7 @@ def main(argv=None):
             row = {"vocab": vocab, "dtype": dtype, "mode": mode, "batch": n,
                    "grammar_bitmask": cfg.grammar_bitmask,
                    "programmatic_launch": engine.programmatic_launch,
+                   "finish_publishes": n in engine.stats()["finish_publishes"],
                    **per_position(ops, args.steps)}
             rows.append(row)
             print(json.dumps(row), flush=True)

@@ -3,17 +3,21 @@
 # sampler's variants taken from a Triton cache built ahead on a CPU machine (carry it in).
 # Its parts, in the order they run (PARTS names a subset, e.g. when little device time is left):
 #   variants  `benchmarks.step_variants` at 32000 bf16 (its engines: plain launches with one
-#             graph a bucket, programmatic launches, no bitmask support, and the config's
-#             defaults, beside the captured sort, in the same rounds): the step target the
-#             engine options are for, so it runs first;
+#             graph a bucket and a publish kernel, no bitmask support, the config's defaults,
+#             and the defaults with a publish kernel, beside the captured sort, in the same
+#             rounds): the step target the engine options are for, so it runs first;
 #   variants_large  the same at batches 256 and 1024, where programmatic launches must cost
 #             nothing before they become the default (not in the default PARTS);
-#   timeline  `benchmarks.step_timeline` at 32000 bf16, batch 1, for the default engine and the
-#             one with both options: where the step's remaining device time and gaps are (not
-#             in the default PARTS);
-#   gpu_tests `tests/gpu/test_pdl_gpu.py` (programmatic launches return what plain ones do) and
+#   timeline  `benchmarks.step_timeline` at 32000 bf16, batch 1, on the step loop's buckets and
+#             sampler variants (1, 8, 32; K = 0), for the default engine and the one with a
+#             publish kernel after the finish: where the step's device time and gaps are (not in
+#             the default PARTS);
+#   gpu_tests `tests/gpu/test_pdl_gpu.py` (programmatic launches return what plain ones do),
+#             the tp = 1 tests of `tests/gpu/test_host_path_gpu.py` (`read()` of every step, the
+#             host copy by the finish or the publish kernel) and
 #             `tests/gpu/test_compile_ahead_gpu.py` (the capture's compile ahead, with and without
-#             bitmask support; compiles its own variants on purpose: its vocabularies are new);
+#             bitmask support; compiles its own variants on purpose: its vocabularies are new),
+#             in parallel shards as kernel_tests runs them;
 #   bench     `benchmarks/test_bench_sampler.py` (every mode x batch x shape) and its table;
 #   kernel_tests  the compiled sampler's tests (`tests/gpu/test_sampler_gpu.py`,
 #             `test_kernels_gpu.py`, `tests/sample/test_rows.py`) and the compile-ahead test
@@ -24,7 +28,7 @@
 # Build the cache first (benchmarks/ablations/README.md, "Queued for the next GPU run").
 # Files under $OUT: times.txt (clocks, cache relocation, each part's end and exit status),
 # variants_32000.json and .txt, variants_32000_large.json and .txt, timeline_default.json and
-# timeline_both.json (and .txt), gpu_tests.txt,
+# timeline_publish_kernel.json (and .txt), gpu_tests_<shard>.txt,
 # gpu_report.jsonl, bench.json, bench.txt, sampler_table.md, kernel_tests_<shard>.txt.
 set -u
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 PYTHONUNBUFFERED=1
@@ -48,26 +52,19 @@ step_loop() {  # step_loop NAME BATCHES ROUNDS STEPS: the four engines and the s
   part "$1" 40 python3 -m benchmarks.step_variants --shape 32000:bfloat16 \
     --modes greedy,top_k_top_p --batches "$2" --rounds "$3" --steps "$4" --out "$OUT/$1.json"
 }
-kernel_tests() {  # each shard a pytest process of its own, all within 95% of what is left
-  local t=$(( $(left) * 95 / 100 )) i=0 shard
-  local shards=(
-    "tests/gpu/test_sampler_gpu.py -k small_rows_at_large_grids or large_batches_settle"
-    "tests/gpu/test_sampler_gpu.py -k benchmark_settings"
-    "tests/gpu/test_sampler_gpu.py -k split_nucleus or deep_nucleus or kept_winners"
-    "tests/gpu/test_sampler_gpu.py -k chunks_per_program or capped or temperature_logprobs"
-    "tests/gpu/test_sampler_gpu.py -k adversarial or min_p_rows"
-    "tests/gpu/test_kernels_gpu.py tests/sample/test_rows.py"
-    "tests/gpu/test_compile_ahead_gpu.py -k False")
-  for shard in "${shards[@]}"; do
+shards() {  # shards NAME SHARD...: each shard a pytest process of its own, all at once, within
+            # 95% of what is left (they compile their own variants, one core a process)
+  local name=$1 t=$(( $(left) * 95 / 100 )) i=0 shard; shift
+  for shard in "$@"; do
     local files=${shard%% -k *} k=
     [[ $shard == *" -k "* ]] && k=${shard#* -k }
     timeout -k 5 $t python3 -m pytest -q -rs -p no:cacheprovider $files ${k:+-k "$k"} \
-      > "$OUT/kernel_tests_$i.txt" 2>&1 &
+      > "$OUT/${name}_$i.txt" 2>&1 &
     i=$(( i + 1 ))
   done
   wait
-  grep -H -E "passed|failed|error" "$OUT"/kernel_tests_*.txt | grep -v "^.*::" >> "$log"
-  echo "kernel_tests ${SECONDS}s" >> "$log"
+  grep -H -E "passed|failed|error" "$OUT"/${name}_*.txt | grep -v "^.*::" >> "$log"
+  echo "$name ${SECONDS}s" >> "$log"
 }
 parts=${PARTS:-variants gpu_tests bench}
 for name in $parts; do
@@ -75,18 +72,27 @@ for name in $parts; do
     variants) step_loop variants_32000 1,8,32 8 200 ;;
     variants_large) step_loop variants_32000_large 256,1024 6 100 ;;
     timeline)
-      part timeline_default 20 python3 -m benchmarks.step_timeline --shape 32000:bfloat16 \
-        --modes greedy,top_k_top_p --batches 1 --out "$OUT/timeline_default.json"
-      part timeline_both 25 python3 -m benchmarks.step_timeline --shape 32000:bfloat16 \
-        --modes greedy,top_k_top_p --batches 1 --no-grammar-bitmask --programmatic-launch \
-        --out "$OUT/timeline_both.json" ;;
-    gpu_tests) part gpu_tests 80 python3 -m pytest -q -rs -p no:cacheprovider \
-      tests/gpu/test_pdl_gpu.py tests/gpu/test_compile_ahead_gpu.py ;;
+      for engine in default publish_kernel; do
+        part timeline_$engine 25 python3 -m benchmarks.step_timeline --shape 32000:bfloat16 \
+          --modes greedy,top_k_top_p --batches 1 --buckets 1,8,32 --k 0 \
+          $([[ $engine == publish_kernel ]] && echo --publish-kernel) \
+          --out "$OUT/timeline_$engine.json"
+      done ;;
+    gpu_tests) shards gpu_tests "tests/gpu/test_pdl_gpu.py" \
+      "tests/gpu/test_host_path_gpu.py -k auto or read or publish" \
+      "tests/gpu/test_compile_ahead_gpu.py -k True" "tests/gpu/test_compile_ahead_gpu.py -k False" ;;
     bench) part bench 95 python3 -m pytest -q -p no:cacheprovider benchmarks/test_bench_sampler.py \
       --benchmark-json="$OUT/bench.json" --benchmark-columns=median,rounds
       python3 -m benchmarks.sampler_table "$OUT/bench.json" --out "$OUT/sampler_table.md" \
         >> "$log" 2>&1 ;;
-    kernel_tests) kernel_tests ;;
+    kernel_tests) shards kernel_tests \
+      "tests/gpu/test_sampler_gpu.py -k small_rows_at_large_grids or large_batches_settle" \
+      "tests/gpu/test_sampler_gpu.py -k benchmark_settings" \
+      "tests/gpu/test_sampler_gpu.py -k split_nucleus or deep_nucleus or kept_winners" \
+      "tests/gpu/test_sampler_gpu.py -k chunks_per_program or capped or temperature_logprobs" \
+      "tests/gpu/test_sampler_gpu.py -k adversarial or min_p_rows" \
+      "tests/gpu/test_kernels_gpu.py tests/sample/test_rows.py" \
+      "tests/gpu/test_compile_ahead_gpu.py -k False" ;;
     *) echo "unknown part $name (variants, variants_large, timeline, gpu_tests, bench," \
          "kernel_tests)" >> "$log" ;;
   esac
