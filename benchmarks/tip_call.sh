@@ -74,7 +74,7 @@ for name in $parts; do
     timeline)
       for engine in default publish_kernel; do
         part timeline_$engine 25 python3 -m benchmarks.step_timeline --shape 32000:bfloat16 \
-          --modes greedy,top_k_top_p --batches 1 --buckets 1,8,32 --k 0 \
+          --modes greedy,top_k_top_p --batches 1 --buckets 1,8,32 --k 0 --programmatic-launch \
           $([[ $engine == publish_kernel ]] && echo --publish-kernel) \
           --out "$OUT/timeline_$engine.json"
       done ;;
