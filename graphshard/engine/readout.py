@@ -23,7 +23,7 @@ import triton.language as tl
 
 from graphshard.plan.staging import Staging
 from graphshard.runtime.hostcopy import (HOST_COPY_BLOCK, HOST_COPY_WORDS, HostTarget,
-                                         copy_to_host, signal_host)
+                                         copy_to_host, host_slot, signal_host)
 from graphshard.runtime.launch import launch
 from graphshard.runtime.pdl import check_pdl, pdl_options, follow_producer
 
@@ -36,7 +36,8 @@ def _publish_kernel(records_ptr, num_reqs_ptr, target, WIDTH: tl.constexpr, BLOC
     programs; else the one) signals the step done (`hostcopy.signal_host`). PDL: launched as a
     programmatic dependent."""
     follow_producer(PDL)
-    copy_to_host(records_ptr, tl.load(num_reqs_ptr) * WIDTH, target, tl.program_id(0) * BLOCK,
+    seq, slot, done = host_slot(target)
+    copy_to_host(records_ptr, tl.load(num_reqs_ptr) * WIDTH, slot, tl.program_id(0) * BLOCK,
                  tl.num_programs(0) * BLOCK, BLOCK)
     # Every thread's stores before the arrival; releases and acquires at system scope, so the
     # host that sees the done word sees every program's stores. One program (small batches)
@@ -49,7 +50,7 @@ def _publish_kernel(records_ptr, num_reqs_ptr, target, WIDTH: tl.constexpr, BLOC
     if last:
         if SHARED:
             tl.store(target.arrivals, 0)  # for the next step, which runs after this kernel
-        signal_host(target)
+        signal_host(target, seq, done)
 
 
 class HostRecords:

@@ -35,29 +35,36 @@ class HostTarget(NamedTuple):
 
 
 @triton.jit
-def copy_to_host(records_ptr, num_words, target, first, stride, BLOCK: tl.constexpr):
-    """Words `first, first + stride, ...` (blocks of BLOCK) of the step's first num_words record
-    words [n, width] into the host slot of the step's parity."""
+def host_slot(target):
+    """(the step's number, the host slot of its parity, the done word's address): all written
+    before the step's sampler ran, so the finish loads them first, while the row's work hides
+    their latency."""
     seq = tl.load(target.meta_seq)
-    host = tl.load(target.slot_addresses + (seq & 1)).to(tl.pointer_type(tl.int32))
+    slot = tl.load(target.slot_addresses + (seq & 1)).to(tl.pointer_type(tl.int32))
+    done = tl.load(target.done_address).to(tl.pointer_type(tl.int64))
+    return seq, slot, done
+
+
+@triton.jit
+def copy_to_host(records_ptr, num_words, slot, first, stride, BLOCK: tl.constexpr):
+    """Words `first, first + stride, ...` (blocks of BLOCK) of the step's first num_words record
+    words [n, width] into its host slot."""
     offs = tl.arange(0, BLOCK)
     start = first
     while start < num_words:
         at = start + offs
         # ".cg": written by other programs of this kernel when the finish copies; L2 has them.
-        tl.store(host + at, tl.load(records_ptr + at, mask=at < num_words, cache_modifier=".cg"),
+        tl.store(slot + at, tl.load(records_ptr + at, mask=at < num_words, cache_modifier=".cg"),
                  mask=at < num_words)
         start += stride
 
 
 @triton.jit
-def signal_host(target):
+def signal_host(target, seq, done):
     """After every copy of the step's records (their stores ordered before this by the caller):
     the step's number into `last` and, released at system scope, into the host's done word, so
     a host that sees the number sees the records."""
-    seq = tl.load(target.meta_seq)
     tl.store(target.last, seq)
-    done = tl.load(target.done_address).to(tl.pointer_type(tl.int64))
     tl.atomic_xchg(done, seq, sem="release", scope="sys")
 
 

@@ -86,7 +86,7 @@ import triton.language as tl
 from graphshard import config
 from graphshard.sample import rng
 from graphshard.runtime.hostcopy import (HOST_COPY_BLOCK, HOST_COPY_WORDS, HostTarget,
-                                         copy_to_host, signal_host)
+                                         copy_to_host, host_slot, signal_host)
 from graphshard.runtime.launch import check_int32_vector, launch
 from graphshard.runtime.pdl import check_pdl, pdl_options, follow_producer
 from graphshard.sample.params import SLOT_WIDTH, SlotTables
@@ -387,9 +387,15 @@ def _finish_kernel(
     workspace = (ws_ptr, rows)
     row_id = tl.program_id(0)
     follow_producer(PDL)
+    records_ptr, records_stride, host = records
+    if host is not None:
+        # What the step's end needs besides the records, loaded before the row's work.
+        num_reqs = tl.load(num_reqs_ptr)
+        step, host_ptr, done_ptr = host_slot(host)
     live, req, r, first_row, m, seq_len, slot = _open_row(num_reqs_ptr, req_slots_ptr,
                                                           cu_num_logits_ptr, seq_lens_ptr, row_id,
                                                           M)
+    wrote = row_id < 0  # whether this program wrote a request's record
     if live:
         mask_on = _mask_on(bitmask_on_ptr)
         (row_ptr, mask_row_ptr, key, inv_temp, top_k, top_p, min_p, num_logprobs, is_random,
@@ -402,8 +408,9 @@ def _finish_kernel(
         request = (req, r, first_row, m)
         if PROGRAMS == 1:
             pool = (part, _take_pool(fill), pool_x, pool_id, stats)
-            _settle_row(row, None, pool, top, records, draft_ptr, workspace, request, VOCAB, M, K,
-                        SPLITS, CAP, BLOCK, SMALL_BLOCK, HAS_BITMASK, NUCLEUS_WINNER)
+            wrote = _settle_row(row, None, pool, top, records, draft_ptr, workspace, request,
+                                VOCAB, M, K, SPLITS, CAP, BLOCK, SMALL_BLOCK, HAS_BITMASK,
+                                NUCLEUS_WINNER)
         else:
             # Only a top-p row without top-k and min-p may be split over the row's programs; the
             # first program settles any other row alone, and the others leave at once. One call
@@ -422,18 +429,25 @@ def _finish_kernel(
                 n_pool = _take_pool(fill)
             if settles:
                 pool = (part, n_pool, pool_x, pool_id, stats)
-                _settle_row(row, drawn_before, pool, top, records, draft_ptr, workspace, request,
-                            VOCAB, M, K, SPLITS, CAP, BLOCK, SMALL_BLOCK, HAS_BITMASK,
-                            NUCLEUS_WINNER)
-    records_ptr, records_stride, host = records
+                wrote = _settle_row(row, drawn_before, pool, top, records, draft_ptr, workspace,
+                                    request, VOCAB, M, K, SPLITS, CAP, BLOCK, SMALL_BLOCK,
+                                    HAS_BITMASK, NUCLEUS_WINNER)
     if host is not None:
-        # The step's end (a tp = 1 engine's small bucket): its last program to arrive copies
-        # the records to the host and signals the step done, where a publish kernel would.
-        if arrive(host.arrivals, tl.num_programs(0) * tl.num_programs(1)):
-            copy_to_host(records_ptr, tl.load(num_reqs_ptr) * records_stride, host, 0,
-                         HOST_BLOCK, HOST_BLOCK)
-            tl.debug_barrier()  # every thread's copy before the done word's release
-            signal_host(host)
+        # The step's end (a tp = 1 engine's small bucket), where a publish kernel would end it:
+        # the last of the n programs that wrote a record (an empty batch: the first program)
+        # copies the records to the host and signals the step done. One record: no count.
+        first = (row_id == 0) & (tl.program_id(1) == 0)
+        if wrote | ((num_reqs == 0) & first):
+            last = num_reqs <= 1
+            if num_reqs > 1:
+                last = arrive(host.arrivals, num_reqs)
+            else:
+                tl.debug_barrier()  # every thread's record stores before the copy's loads
+            if last:
+                copy_to_host(records_ptr, num_reqs * records_stride, host_ptr, 0, HOST_BLOCK,
+                             HOST_BLOCK)
+                tl.debug_barrier()  # every thread's copy before the done word's release
+                signal_host(host, step, done_ptr)
 
 
 @triton.jit
@@ -452,10 +466,11 @@ def _settle_row(row, drawn_before, pool, top, records, draft_ptr, workspace, req
                 CAP: tl.constexpr, BLOCK: tl.constexpr, SMALL_BLOCK: tl.constexpr,
                 HAS_BITMASK: tl.constexpr, NUCLEUS_WINNER: tl.constexpr):
     """A row's token, logprobs and (its request's last row) record, in the one program of the
-    finish that settles the row. `row`: the mask flag and `_row_inputs`' results (as
-    `resolve.settle_token` takes them); `pool`: the row's (partials, pool count, pool logits,
-    pool ids, stats); `request`: (request, row within it, its first row, its rows);
-    `drawn_before`: see `resolve.settle_token`."""
+    finish that settles the row; returns whether this program wrote the request's record.
+    `row`: the mask flag and `_row_inputs`' results (as `resolve.settle_token` takes them);
+    `pool`: the row's (partials, pool count, pool logits, pool ids, stats); `request`:
+    (request, row within it, its first row, its rows); `drawn_before`: see
+    `resolve.settle_token`."""
     row_ptr, _mask_row, mask_on, _key, _inv_temp, top_k, _top_p, _min_p, num_logprobs, \
         is_random, filtered = row
     req, r, first_row, m = request
@@ -476,15 +491,18 @@ def _settle_row(row, drawn_before, pool, top, records, draft_ptr, workspace, req
                 at_max = at_max & (mask_on == 0)  # a constant True without a step flag
             settle_logprobs(pool, top, rec_ptr, row_ptr, r, token, at_max, num_logprobs, VOCAB,
                             M, K, SPLITS, CAP, TILE, BLOCK, SMALL_BLOCK)
+    wrote = req >= 0
     if M == 1:
         assemble_record(rec_ptr, token, has_nan(part, SPLITS), 0, num_logprobs, M, K)
     else:
         # The request's rows settle in parallel; the last to finish verifies the drafts.
         tokens, arrivals = workspace_request(workspace, req, M, SPLITS, CAP)
         tl.store(tokens + r, token)
-        if arrive(arrivals, m):
+        wrote = arrive(arrivals, m)
+        if wrote:
             assemble_drafts(rec_ptr, tokens, workspace, req, first_row, m, draft_ptr,
                             num_logprobs, M, K, SPLITS, CAP)
+    return wrote
 
 
 # --------------------------------------------------------------------------- host side

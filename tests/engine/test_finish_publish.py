@@ -60,8 +60,9 @@ def test_small_steps_end_in_the_finish_and_read_the_same_records(monkeypatch):
     launched = _record_launches(monkeypatch)
     gen = torch.Generator().manual_seed(0)
     previous = None
-    # Buckets 1, 4 and 8, steps above the largest bucket (eager), and back to small ones.
-    for step, n in enumerate((1, 3, 4, 6, 8, 10, 2, 9, 1)):
+    # Buckets 1, 4 and 8, an empty batch, steps above the largest bucket (eager), and back to
+    # small ones.
+    for step, n in enumerate((1, 3, 4, 0, 6, 8, 10, 2, 9, 1)):
         idx = torch.randperm(CFG.max_num_slots, generator=gen)[:n].numpy().astype(np.int32)
         rows = torch.randint(1, CFG.max_num_logits_per_req + 1, (n,), generator=gen).numpy()
         cu = np.concatenate([[0], np.cumsum(rows)]).astype(np.int32)
