@@ -82,9 +82,6 @@ def parse_args(argv=None) -> argparse.Namespace:
                         help="sampler calls with a grammar bitmask switched on by its device flag")
     parser.add_argument("--pdl", action="store_true",
                         help="sampler kernels launched as programmatic dependents")
-    parser.add_argument("--host", action="store_true",
-                        help="the finish ends a tp = 1 step: records to pinned host slots and a "
-                             "done word (an engine's small buckets, `publish_in_finish`)")
     parser.add_argument("--no-step", action="store_true", help="skip the tp = 1 engine step")
     parser.add_argument("--splits-per-program", type=int, default=None,
                         help="vocabulary chunks per scan program (default: the sampler's choice)")
@@ -111,10 +108,9 @@ def sampler_calls(args: argparse.Namespace, device):
             k = args.k if args.k is not None else MAX_LOGPROBS if MODES[mode].num_logprobs else 0
             call, ws = sampler_call(logits[:batch], args.vocab, MODES[mode], k, device,
                                     bitmask=args.bitmask,
-                                    splits_per_program=args.splits_per_program, pdl=args.pdl,
-                                    host=args.host)
+                                    splits_per_program=args.splits_per_program, pdl=args.pdl)
             what = f"sampler_{mode}" + ("_bitmask" if args.bitmask else "") + \
-                ("_pdl" if args.pdl else "") + ("_host" if args.host else "")
+                ("_pdl" if args.pdl else "")
             yield what, batch, call, ws
 
 

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import torch
 
-from graphshard.runtime.hostcopy import HOST_COPY_WORDS, standalone_target
 from graphshard.sample.kernels import SamplerWorkspace, bitmask_words, sample
 from graphshard.sample.params import SamplingParams, SlotTables
 from graphshard.sample.records import RecordLayout
@@ -88,15 +87,13 @@ class TorchSortSampler:
 
 def sampler_call(logits: torch.Tensor, vocab: int, params: SamplingParams, num_logprobs: int,
                  device, bitmask: bool = False, splits_per_program: int | None = None,
-                 pdl: bool = False, host: bool = False) -> tuple:
+                 pdl: bool = False) -> tuple:
     """(call, workspace): `call()` launches the sampler once over `logits` [batch, padded vocab],
     every row a one-row request with `params` (layout K = `num_logprobs`, positions 100). With
     `bitmask`, as the engine launches it: a grammar bitmask that allows every token, switched on
     by a device flag (both scan variants launch; the bitmask one streams). `splits_per_program`
     overrides the sampler's choice of vocabulary chunks per scan program; `pdl` launches the
-    sampler's kernels as programmatic dependents (as `Engine.programmatic_launch`); `host` has the
-    finish end a tp = 1 step where an engine's would (`publish_in_finish`, records of at most
-    HOST_COPY_WORDS words: copied to pinned host slots, then a done word). The set-up is done
+    sampler's kernels as programmatic dependents (as `Engine.programmatic_launch`). The set-up is done
     here, once: `call` only launches, so it can be timed or captured."""
     batch = logits.shape[0]
     layout = RecordLayout(1, num_logprobs)
@@ -112,14 +109,10 @@ def sampler_call(logits: torch.Tensor, vocab: int, params: SamplingParams, num_l
     if bitmask:
         mask = dict(bitmask=torch.full((batch, bitmask_words(vocab)), -1, **i32), bitmask_rows=idx,
                     bitmask_enabled=torch.ones(1, **i32))
-    buffers = ()
-    if host and records.numel() <= HOST_COPY_WORDS:  # where an engine's finish would
-        mask["host"], buffers = standalone_target(records, pinned=device.type == "cuda")
 
     def call():
         sample(logits, vocab_size=vocab, num_reqs=n, req_slots=idx, cu_num_logits=cu, seq_lens=lens,
                tables=tables, layout=layout, records=records, max_num_reqs=batch, workspace=ws,
                splits_per_program=splits_per_program, pdl=pdl, **mask)
 
-    call.host_buffers = buffers  # the memory the finish writes lives as long as the call
     return call, ws

@@ -3,12 +3,11 @@ long it runs, against the same sampler replayed back to back.
 
 Usage: python3 -m benchmarks.step_timeline [--shape 32000:bfloat16] [--modes greedy,top_k_top_p]
        [--batches 1,32] [--steps 200] [--no-grammar-bitmask] [--programmatic-launch]
-       [--publish-kernel] [--buckets 1,32,256,1024] [--k 20] [--out timeline.json]
+       [--buckets 1,32,256,1024] [--k 20] [--out timeline.json]
 
 By default the engine is built as `benchmarks.bench_sampling` builds it (buckets 1, 32, 256,
 1024, layout K = 20), so its kernels come from the same compiled cache; `--buckets 1,8,32 --k 0`
-builds `benchmarks.step_variants`' engines' sampler variants instead. `--publish-kernel`: an
-engine whose config has `publish_in_finish = false` (a publish kernel ends every step). The loop: `Engine.step`, then
+launches `benchmarks.step_variants`' engines' sampler variants instead. The loop: `Engine.step`, then
 `Engine.read()` (no device operation of its own). CUPTI (torch.profiler) gives every device
 operation's start and end; per position in the step (the copy of the staged rows, the fetch,
 the scan(s), the finish, the publish): mean µs from the step's first start to this start,
@@ -68,8 +67,6 @@ def main(argv=None):
                              "default engine's steps without a bitmask launch the same kernels)")
     parser.add_argument("--programmatic-launch", action="store_true",
                         help="an engine whose config has programmatic_launch = true")
-    parser.add_argument("--publish-kernel", action="store_true",
-                        help="an engine whose config has publish_in_finish = false")
     parser.add_argument("--buckets", default=",".join(map(str, BUCKETS)))
     parser.add_argument("--k", type=int, default=MAX_LOGPROBS, help="the config's num_logprobs")
     parser.add_argument("--out", default="timeline.json")
@@ -80,8 +77,7 @@ def main(argv=None):
     cfg = Config(vocab_size=vocab, max_num_reqs=max(buckets), max_num_slots=max(buckets),
                  logits_dtype=dtype, buckets=buckets, graph_backend="cuda",
                  num_logprobs=args.k, grammar_bitmask=not args.no_grammar_bitmask,
-                 programmatic_launch=args.programmatic_launch,
-                 publish_in_finish=not args.publish_kernel)
+                 programmatic_launch=args.programmatic_launch)
     engine = Engine(cfg, device=device)
     engine.capture()
     engine.inputs.logits.copy_(make_logits(max(buckets), engine.vocab, getattr(torch, dtype),
@@ -97,7 +93,6 @@ def main(argv=None):
             row = {"vocab": vocab, "dtype": dtype, "mode": mode, "batch": n,
                    "grammar_bitmask": cfg.grammar_bitmask,
                    "programmatic_launch": engine.programmatic_launch,
-                   "finish_publishes": n in engine.stats()["finish_publishes"],
                    **per_position(ops, args.steps)}
             rows.append(row)
             print(json.dumps(row), flush=True)

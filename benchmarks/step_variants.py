@@ -4,9 +4,9 @@ Usage: python3 -m benchmarks.step_variants [--modes greedy,top_k_top_p] [--batch
        [--rounds 8] [--steps 200] [--shape 152064:float32] [--out variants.json]
 
 V = 152064 fp32 unless `--shape` says otherwise, logits `randn * 3`, every request with the
-mode's settings. The first engine has bitmask support, one graph a bucket, plain launches and
-a publish kernel after the finish (`FIRST_ENGINE`, whatever the defaults). No step passes a
-bitmask. Each round runs
+mode's settings. The first engine has bitmask support, one graph a bucket and plain launches
+(`bitmask_free_graphs = false`, `programmatic_launch = false`, whatever the defaults). No step
+passes a bitmask. Each round runs
 every variant's loop once (`--steps` back-to-back steps, each ending with the host read); a
 variant's figure is the median over rounds of its loop medians (and the smallest), so a slow
 spell of the host hits every variant alike.
@@ -14,14 +14,12 @@ spell of the host hits every variant alike.
 - `read`: `Engine.step`, then `Engine.read()` (the step's own copy to pinned memory);
 - `read_in_place`: as `read`, passing `logits=None` (the logits are already in
   `inputs.logits`) instead of the view `inputs.logits[:n]`;
-- `read_in_place_<name>`: as `read_in_place`, on another engine (`OTHER_ENGINES`):
-  `no_bitmask_pdl` (`grammar_bitmask = false`: one scan launch a step instead of two, the
-  finish without bitmask support; `programmatic_launch = true`: the sampler's kernels and the
-  publish launched as programmatic dependents; `publish_in_finish`), `default` (the config's
-  defaults: bitmask support, programmatic launches, `bitmask_free_graphs`, so these steps
-  replay each bucket's graph without bitmask support, and `publish_in_finish`, so the finish of
-  a small bucket ends the step), and `publish_kernel` (the defaults but a publish kernel after
-  every finish: `publish_in_finish = false`);
+- `read_in_place_<name>`: as `read_in_place`, on another engine (`OTHER_ENGINES`): `pdl`
+  (`programmatic_launch = true`: the sampler's kernels and the publish launched as programmatic
+  dependents), `no_bitmask_pdl` (and `grammar_bitmask = false`: one scan launch a step instead
+  of two, the finish without bitmask support), and `default` (the config's defaults: bitmask
+  support, programmatic launches, and `bitmask_free_graphs`, so these steps replay each bucket's
+  graph without bitmask support);
 - `sort_graph`: the PyTorch sort sampler captured in a graph, then `.cpu()` of its tokens.
 A variant timed in an earlier run was dropped (BENCHMARKS.md): a fetch kernel reading the
 pinned staging rows itself (no copy node; the same as `read`).
@@ -50,20 +48,19 @@ def loop_median_us(step, steps: int) -> float:
     return float(np.median(np.diff(marks))) * 1e6
 
 
-# The engines timed, as changes from the config's defaults: the first one (bitmask support, one
-# graph a bucket, plain launches, a publish kernel after the finish), and those timed in place
-# beside it. Earlier runs timed `grammar_bitmask = false` with plain launches, and programmatic
-# launches alone (`pdl`; BENCHMARKS.md).
-FIRST_ENGINE = dict(programmatic_launch=False, bitmask_free_graphs=False, publish_in_finish=False)
-OTHER_ENGINES = {"no_bitmask_pdl": dict(grammar_bitmask=False), "default": {},
-                 "publish_kernel": dict(publish_in_finish=False)}
+# The engines timed in place beside the first (bitmask support, one graph a bucket, plain
+# launches): name -> config changes from it. An earlier run timed `grammar_bitmask = false` with
+# plain launches too (BENCHMARKS.md).
+OTHER_ENGINES = {"pdl": dict(programmatic_launch=True),
+                 "no_bitmask_pdl": dict(grammar_bitmask=False, programmatic_launch=True),
+                 "default": dict(programmatic_launch=True, bitmask_free_graphs=True)}
 
 
 def build(batches, vocab: int, dtype: torch.dtype, device, **changes) -> Engine:
-    """An engine of the config's defaults but for `changes`."""
     cfg = Config(vocab_size=vocab, max_num_reqs=max(batches), max_num_slots=max(batches),
                  logits_dtype=str(dtype).removeprefix("torch."), buckets=tuple(sorted(batches)),
-                 graph_backend="cuda", **changes)
+                 graph_backend="cuda",
+                 **{"programmatic_launch": False, "bitmask_free_graphs": False, **changes})
     engine = Engine(cfg, device=device)
     for slot in range(cfg.max_num_slots):
         engine.add_request(slot, MODES["greedy"])
@@ -73,7 +70,7 @@ def build(batches, vocab: int, dtype: torch.dtype, device, **changes) -> Engine:
 
 def measure(modes, batches, rounds: int, steps: int, device, vocab: int = 152064,
             dtype: torch.dtype = torch.float32) -> list[dict]:
-    engine = build(batches, vocab, dtype, device, **FIRST_ENGINE)
+    engine = build(batches, vocab, dtype, device)
     others = {name: build(batches, vocab, dtype, device, **changes)
               for name, changes in OTHER_ENGINES.items()}
     engines = (engine, *others.values())

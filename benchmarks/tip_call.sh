@@ -3,15 +3,14 @@
 # sampler's variants taken from a Triton cache built ahead on a CPU machine (carry it in).
 # Its parts, in the order they run (PARTS names a subset, e.g. when little device time is left):
 #   variants  `benchmarks.step_variants` at 32000 bf16 (its engines: plain launches with one
-#             graph a bucket and a publish kernel, no bitmask support, the config's defaults,
-#             and the defaults with a publish kernel, beside the captured sort, in the same
-#             rounds): the step target the engine options are for, so it runs first;
+#             graph a bucket, programmatic launches, no bitmask support, and the config's
+#             defaults, beside the captured sort, in the same rounds): the step target the
+#             engine options are for, so it runs first;
 #   variants_large  the same at batches 256 and 1024, where programmatic launches must cost
 #             nothing before they become the default (not in the default PARTS);
-#   timeline  `benchmarks.step_timeline` at 32000 bf16, batch 1, on the step loop's buckets and
-#             sampler variants (1, 8, 32; K = 0), for the default engine and the one with a
-#             publish kernel after the finish: where the step's device time and gaps are (not in
-#             the default PARTS);
+#   timeline  `benchmarks.step_timeline` at 32000 bf16, batch 1, for the default engine on the
+#             step loop's buckets and sampler variants (1, 8, 32; K = 0): where the step's device
+#             time and gaps are (not in the default PARTS);
 #   gpu_tests `tests/gpu/test_pdl_gpu.py` (programmatic launches return what plain ones do),
 #             the tp = 1 tests of `tests/gpu/test_host_path_gpu.py` (`read()` of every step, the
 #             host copy by the finish or the publish kernel) and
@@ -27,8 +26,8 @@
 #        bench"] bash benchmarks/tip_call.sh
 # Build the cache first (benchmarks/ablations/README.md, "Queued for the next GPU run").
 # Files under $OUT: times.txt (clocks, cache relocation, each part's end and exit status),
-# variants_32000.json and .txt, variants_32000_large.json and .txt, timeline_default.json and
-# timeline_publish_kernel.json (and .txt), gpu_tests_<shard>.txt,
+# variants_32000.json and .txt, variants_32000_large.json and .txt, timeline_default.json
+# (and .txt), gpu_tests_<shard>.txt,
 # gpu_report.jsonl, bench.json, bench.txt, sampler_table.md, kernel_tests_<shard>.txt.
 set -u
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 PYTHONUNBUFFERED=1
@@ -72,12 +71,9 @@ for name in $parts; do
     variants) step_loop variants_32000 1,8,32 8 200 ;;
     variants_large) step_loop variants_32000_large 256,1024 6 100 ;;
     timeline)
-      for engine in default publish_kernel; do
-        part timeline_$engine 25 python3 -m benchmarks.step_timeline --shape 32000:bfloat16 \
-          --modes greedy,top_k_top_p --batches 1 --buckets 1,8,32 --k 0 --programmatic-launch \
-          $([[ $engine == publish_kernel ]] && echo --publish-kernel) \
-          --out "$OUT/timeline_$engine.json"
-      done ;;
+      part timeline_default 25 python3 -m benchmarks.step_timeline --shape 32000:bfloat16 \
+        --modes greedy,top_k_top_p --batches 1 --buckets 1,8,32 --k 0 --programmatic-launch \
+        --out "$OUT/timeline_default.json" ;;
     gpu_tests) shards gpu_tests "tests/gpu/test_pdl_gpu.py" \
       "tests/gpu/test_host_path_gpu.py -k auto or read or publish" \
       "tests/gpu/test_compile_ahead_gpu.py -k True" "tests/gpu/test_compile_ahead_gpu.py -k False" ;;

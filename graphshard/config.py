@@ -98,11 +98,6 @@ class Config:
     # default: on an H100 at 32000 bf16 the step was faster at 21 of the 22 points timed
     # (batches 1 to 1024) and 1 µs slower at one (BENCHMARKS.md).
     programmatic_launch: bool = True
-    # tp = 1 with the built-in sampler: in a step of up to 4096 record words (batch 89 with 20
-    # logprobs, 1024 without), the sampler's finish copies the records to the host for `read()`
-    # and signals the step done itself, so the step ends with it: one kernel fewer than the
-    # publish kernel after it (`graphshard.runtime.hostcopy`). False: always the publish kernel.
-    publish_in_finish: bool = True
     # Seconds a rank waits for a peer before the step fails (p2p barriers, gloo collectives);
     # a CUDA step still running after twice this is aborted.
     timeout_s: float = 60.0
@@ -139,7 +134,7 @@ class Config:
                 or not 0 < self.timeout_s <= 86400:
             _fail("timeout_s", self.timeout_s, "must be a number of seconds in (0, 86400]")
         for field in ("grammar_bitmask", "bitmask_free_graphs", "programmatic_launch",
-                      "publish_in_finish", "check_agreement", "divergence_check"):
+                      "check_agreement", "divergence_check"):
             if not isinstance(getattr(self, field), bool):
                 _fail(field, getattr(self, field), "must be true or false")
         self._resolve_buckets()

@@ -59,12 +59,8 @@ def _compile(kernel, args: dict, consts: dict, num_warps: int, tmp: str, aligned
 
     names = inspect.signature(kernel.fn).parameters
     consts = {n: v for n, v in consts.items() if n in names}
-    # A tuple argument's type is a tuple (or the same NamedTuple) of its elements' types; an
-    # element "constexpr" is a None in it.
+    # A tuple argument's type is a tuple (or the same NamedTuple) of its elements' types.
     sig = {n: ("constexpr" if n in consts else args[n]) for n in names}
-    for i, n in enumerate(names):
-        if isinstance(sig[n], tuple):
-            consts.update({(i, j): None for j, t in enumerate(sig[n]) if t == "constexpr"})
     attrs = {}
     for i, n in enumerate(names):
         if n in aligned:
@@ -101,7 +97,6 @@ def _code_bytes(cubin: Path, name: str) -> int:
 
 def report() -> list[dict]:
     """Compile every variant below; one dict per kernel variant."""
-    from graphshard.runtime.hostcopy import HostTarget
     from graphshard.sample import kernels as sampler
     from graphshard.plan.kernel import _plan_kernel
     from graphshard.plan.layout import PlanBuffers
@@ -109,8 +104,7 @@ def report() -> list[dict]:
 
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
-        # The first finish splits a row over programs (small batches) and ends a tp = 1 step
-        # (it copies the records to the host), the second does neither.
+        # The first finish splits a row over programs (small batches), the second does not.
         for vocab, dtype, m, k, bitmask, programs in [(152064, "fp32", 1, 20, False, 16),
                                                       (32000, "bf16", 3, 3, True, 1)]:
             splits = -(-vocab // CHUNK_SIZE)
@@ -119,9 +113,7 @@ def report() -> list[dict]:
             i32 = "*i32"
             common = dict(logits=(f"*{dtype}", "i32"), num_reqs_ptr=i32, req_slots_ptr=i32,
                           cu_num_logits_ptr=i32, seq_lens_ptr=i32, buffers=(i32, i32),
-                          rows="i32", bitmask_stride="i32",
-                          records=(i32, "i32", HostTarget(*_HOST_TARGET) if programs > 1
-                                   else "constexpr"))
+                          rows="i32", records=(i32, "i32"), bitmask_stride="i32")
             # Absent optional inputs are None: constexprs.
             optional = dict(mask=sampler.Bitmask(i32, i32) if bitmask else None,
                             bitmask_on_ptr=i32 if bitmask else None,
@@ -130,8 +122,7 @@ def report() -> list[dict]:
             shared = dict({n: None for n, t in optional.items() if t is None}, VOCAB=vocab, M=m,
                           K=k, SPLITS=splits, CAP=pool_size_for(splits, vocab, None),
                           BLOCK=sampler.SCAN_BLOCK_SIZE, PDL=False)
-            tag = {"vocab": vocab, "dtype": dtype, "M": m, "K": k, "bitmask": bitmask,
-                   "host": programs > 1}
+            tag = {"vocab": vocab, "dtype": dtype, "M": m, "K": k, "bitmask": bitmask}
             options = sampler.scan_options(bitmask, sampler.SCAN_BLOCK_SIZE)
             num_warps = options.pop("num_warps")
             # (chunks per scan program, the finish's programs per row) of this batch; without a
@@ -175,15 +166,12 @@ def _publish_kernels(tmp: str) -> list[dict]:
     """The tp = 1 step's last kernel, with one program and with an arrival over several."""
     from graphshard.engine.readout import _publish_kernel
 
-    args = dict(records_ptr="*i32", num_reqs_ptr="*i32", target=_HOST_TARGET)
-    return [dict(_compile(_publish_kernel, args, dict(WIDTH=46, BLOCK=1024, SHARED=shared,
-                                                      PDL=False), 4, tmp),
+    args = {n: "*i64" for n in inspect.signature(_publish_kernel.fn).parameters}
+    args.update(records_ptr="*i32", num_reqs_ptr="*i32", arrivals_ptr="*i32")
+    return [dict(_compile(_publish_kernel, args, dict(WIDTH=46, SLOT=47104, BLOCK=1024,
+                                                      SHARED=shared, PDL=False), 4, tmp),
                  shared=shared)
             for shared in (False, True)]
-
-
-# A `HostTarget` argument's type: four int64 pointers and the arrival counter.
-_HOST_TARGET = ("*i64", "*i64", "*i64", "*i64", "*i32")
 
 
 def _divergence_kernels(tmp: str) -> list[dict]:

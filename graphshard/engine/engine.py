@@ -155,13 +155,10 @@ class Engine:
             self._tiers = {b: self.transport.capacity_tiers(b * m) for b in cfg.buckets}
         else:
             self.records = torch.zeros(n, self.layout.width, dtype=torch.int32, device=dev)
-        # tp = 1: the step's last kernel copies its records to the host (`read`): the sampler's
-        # finish in steps whose records fit it (`publish_in_finish`), else a publish kernel.
+        # tp = 1: the step's last kernel copies its records to the host (`read`).
         self.host_records = HostRecords(self.records, self.inputs.staged, self.inputs.num_reqs,
                                         pdl=self.programmatic_launch) \
             if self.transport is None else None
-        self.publish_in_finish = (cfg.publish_in_finish and self.host_records is not None
-                                  and self._user_sampler is None)
         # Rows the checked record gather appends the divergence digest in (padded transports).
         self._digest_rows = self.transport.digest_rows \
             if self.transport is not None and cfg.divergence_check else 0
@@ -282,7 +279,6 @@ class Engine:
         bucket, inp, m = key[0], self.inputs, self.config.max_num_logits_per_req
         agree = self.divergence
         sample_all = self._sample_fn(key)
-        published = self._finish_publishes(bucket)
 
         def step():
             inp.fetch()
@@ -290,17 +286,10 @@ class Engine:
                 self.transport.all_gather_vocab(inp.logits, None, bucket * m, fenced=False,
                                                 agree=agree)
             sample_all()
-            if self.transport is not None:
-                self.transport.close(done=inp.staged, agree=agree)
-            elif not published:
+            if self.transport is None:
                 self.host_records.publish(bucket)  # the records to the host, then the done word
-
-        return step
-
-    def _finish_publishes(self, bucket: int) -> bool:
-        """Whether the sampler's finish of a tp = 1 step of `bucket` requests copies the records
-        to the host and signals the step done itself (`publish_in_finish`)."""
-        return self.publish_in_finish and self.host_records.fits_finish(bucket)
+            else:
+                self.transport.close(done=inp.staged, agree=agree)
 
         return step
 
@@ -322,12 +311,11 @@ class Engine:
                 records=self.local_records, max_num_reqs=_owned_reqs(bucket, capacity),
                 draft_tokens=pb.local_draft_tokens if m > 1 else None,
                 bitmask_rows=pb.local_row_src if masked else None, **common)
-        host = {"host": self.host_records.target} if self._finish_publishes(bucket) else {}
         return functools.partial(
             self.sample, full, num_reqs=inp.num_reqs, req_slots=inp.idx_mapping,
             cu_num_logits=inp.cu_num_logits, seq_lens=inp.seq_lens, records=self.records,
             max_num_reqs=bucket, draft_tokens=inp.draft_token_ids if m > 1 else None,
-            bitmask_rows=self.identity_rows if masked else None, **host, **common)
+            bitmask_rows=self.identity_rows if masked else None, **common)
 
     def _step_fn(self, key: tuple):
         bucket, strategy, capacity = key[:3]
@@ -713,8 +701,7 @@ class Engine:
     def stats(self) -> dict:
         """Counters and capture facts. `capture_s` is the whole `capture()` (graphs and, with
         strategy "auto", the timing runs); `strategy` is each bucket's strategy and, for "auto",
-        `strategy_timings_us` what each measured (median µs per replay, slowest rank);
-        `finish_publishes` the buckets whose sampler finish ends the step (`publish_in_finish`)."""
+        `strategy_timings_us` what each measured (median µs per replay, slowest rank)."""
         s = self.graphs.stats()
         return {"replays": dict(s.replays), "eager_fallbacks": s.eager_fallbacks,
                 "eager_steps": self.eager_steps, "capture_s": self._capture_s,
@@ -727,8 +714,7 @@ class Engine:
                 "transport": self.transport.name if self.transport is not None else "none",
                 "graph_backend": getattr(self.backend, "name", type(self.backend).__name__),
                 "programmatic_launch": self.programmatic_launch,
-                "bitmask_free_graphs": self.bitmask_free_graphs,
-                "finish_publishes": [b for b in self.config.buckets if self._finish_publishes(b)]}
+                "bitmask_free_graphs": self.bitmask_free_graphs}
 
 
 def _owned_reqs(bucket: int, capacity: int) -> int:

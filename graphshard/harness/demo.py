@@ -146,8 +146,7 @@ def _verify(c: _Check, engine: Engine, rank: int) -> None:
                             vocab_size=engine.config.vocab_size, draft_token_ids=c.drafts,
                             grammar_bitmask=c.bitmask,
                             bitmask_support=engine.config.grammar_bitmask,
-                            pdl=engine.programmatic_launch,
-                            host_copy=engine.publish_in_finish)
+                            pdl=engine.programmatic_launch)
     why = compare(unpack(torch.from_numpy(c.host.records), engine.layout), want)
     if why is not None:
         raise VerificationError(f"rank {rank}, step {c.step} (n={b.num_reqs}): {why}")

@@ -9,7 +9,6 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from graphshard.runtime.hostcopy import HOST_COPY_WORDS, standalone_target
 from graphshard.sample.params import SlotTables
 from graphshard.sample.records import RecordLayout, SamplerOutput, unpack
 from graphshard.sample.kernels import bitmask_words, sample
@@ -19,13 +18,11 @@ def sample_unsharded(full_logits: torch.Tensor, *, idx_mapping: np.ndarray, cu_n
                      seq_lens: np.ndarray, tables: SlotTables, layout: RecordLayout, vocab_size: int,
                      draft_token_ids: torch.Tensor | None = None,
                      grammar_bitmask: torch.Tensor | None = None,
-                     bitmask_support: bool = True, pdl: bool = False,
-                     host_copy: bool = False) -> SamplerOutput:
+                     bitmask_support: bool = True, pdl: bool = False) -> SamplerOutput:
     """Sample the batch [n] from `full_logits` [num_logits, padded_vocab] (batch order).
-    `bitmask_support`, `pdl` and `host_copy` launch the sampler as an engine with that config's
-    `grammar_bitmask`, `Engine.programmatic_launch` and `Engine.publish_in_finish` does (the
-    same compiled kernels; with `host_copy` a finish whose records fit one program's copy also
-    copies them, to a buffer of its own); without bitmask support no bitmask may be given."""
+    `bitmask_support` and `pdl` launch the sampler as an engine with that config's
+    `grammar_bitmask` and `Engine.programmatic_launch` does (the same compiled kernels);
+    without bitmask support no bitmask may be given."""
     if grammar_bitmask is not None and not bitmask_support:
         raise ValueError("grammar_bitmask given with bitmask_support=False")
     device = full_logits.device
@@ -58,13 +55,10 @@ def sample_unsharded(full_logits: torch.Tensor, *, idx_mapping: np.ndarray, cu_n
                        bitmask_rows=torch.arange(rows, dtype=torch.int32, device=device) * bitmask_on)
     if draft_token_ids is None and layout.max_num_logits_per_req > 1:
         draft_token_ids = torch.full((rows,), -1, dtype=torch.int32, device=device)
-    host = {}
-    if host_copy and records.numel() <= HOST_COPY_WORDS:
-        host["host"], _buffers = standalone_target(records, pinned=False)
     sample(full_logits, vocab_size=vocab_size, num_reqs=torch.tensor([n], dtype=torch.int32, device=device),
            req_slots=dev(idx_mapping, width), cu_num_logits=dev(cu_num_logits, width + 1),
            seq_lens=dev(seq_lens, width), tables=tables, layout=layout, records=records,
-           max_num_reqs=width, draft_tokens=draft_token_ids, pdl=pdl, **bitmask, **host)
+           max_num_reqs=width, draft_tokens=draft_token_ids, pdl=pdl, **bitmask)
     return unpack(records[:n], layout)
 
 

@@ -85,8 +85,6 @@ import triton.language as tl
 
 from graphshard import config
 from graphshard.sample import rng
-from graphshard.runtime.hostcopy import (HOST_COPY_BLOCK, HOST_COPY_WORDS, HostTarget,
-                                         copy_to_host, host_slot, signal_host)
 from graphshard.runtime.launch import check_int32_vector, launch
 from graphshard.runtime.pdl import check_pdl, pdl_options, follow_producer
 from graphshard.sample.params import SLOT_WIDTH, SlotTables
@@ -151,7 +149,6 @@ POOL_TILE = 1024
 # Bits of a threshold decided per pass of a radix search: 16 candidates, 8 passes.
 RADIX_BITS = tl.constexpr(4)
 SLOT_ROW = tl.constexpr(SLOT_WIDTH)
-HOST_BLOCK = tl.constexpr(HOST_COPY_BLOCK)
 
 
 class Bitmask(NamedTuple):
@@ -370,9 +367,7 @@ def _scan_kernel(
 def _finish_kernel(
     logits, num_reqs_ptr, req_slots_ptr, cu_num_logits_ptr, seq_lens_ptr, mask, bitmask_stride,
     bitmask_on_ptr, buffers, rows,  # as _scan_kernel
-    # (pointer to [>= n, RecordLayout.width] int32, row stride, hostcopy.HostTarget or None:
-    # the records stay on the device)
-    records,
+    records,  # (pointer to [>= n, RecordLayout.width] int32, row stride)
     draft_ptr,  # [num_rows] int32, or None: no drafts
     VOCAB: tl.constexpr, M: tl.constexpr, K: tl.constexpr, SPLITS: tl.constexpr,
     CAP: tl.constexpr, BLOCK: tl.constexpr, SMALL_BLOCK: tl.constexpr,
@@ -387,15 +382,9 @@ def _finish_kernel(
     workspace = (ws_ptr, rows)
     row_id = tl.program_id(0)
     follow_producer(PDL)
-    records_ptr, records_stride, host = records
-    if host is not None:
-        # What the step's end needs besides the records, loaded before the row's work.
-        num_reqs = tl.load(num_reqs_ptr)
-        step, host_ptr, done_ptr = host_slot(host)
     live, req, r, first_row, m, seq_len, slot = _open_row(num_reqs_ptr, req_slots_ptr,
                                                           cu_num_logits_ptr, seq_lens_ptr, row_id,
                                                           M)
-    wrote = row_id < 0  # whether this program wrote a request's record
     if live:
         mask_on = _mask_on(bitmask_on_ptr)
         (row_ptr, mask_row_ptr, key, inv_temp, top_k, top_p, min_p, num_logprobs, is_random,
@@ -408,9 +397,8 @@ def _finish_kernel(
         request = (req, r, first_row, m)
         if PROGRAMS == 1:
             pool = (part, _take_pool(fill), pool_x, pool_id, stats)
-            wrote = _settle_row(row, None, pool, top, records, draft_ptr, workspace, request,
-                                VOCAB, M, K, SPLITS, CAP, BLOCK, SMALL_BLOCK, HAS_BITMASK,
-                                NUCLEUS_WINNER)
+            _settle_row(row, None, pool, top, records, draft_ptr, workspace, request, VOCAB, M, K,
+                        SPLITS, CAP, BLOCK, SMALL_BLOCK, HAS_BITMASK, NUCLEUS_WINNER)
         else:
             # Only a top-p row without top-k and min-p may be split over the row's programs; the
             # first program settles any other row alone, and the others leave at once. One call
@@ -429,25 +417,9 @@ def _finish_kernel(
                 n_pool = _take_pool(fill)
             if settles:
                 pool = (part, n_pool, pool_x, pool_id, stats)
-                wrote = _settle_row(row, drawn_before, pool, top, records, draft_ptr, workspace,
-                                    request, VOCAB, M, K, SPLITS, CAP, BLOCK, SMALL_BLOCK,
-                                    HAS_BITMASK, NUCLEUS_WINNER)
-    if host is not None:
-        # The step's end (a tp = 1 engine's small bucket), where a publish kernel would end it:
-        # the last of the n programs that wrote a record (an empty batch: the first program)
-        # copies the records to the host and signals the step done. One record: no count.
-        first = (row_id == 0) & (tl.program_id(1) == 0)
-        if wrote | ((num_reqs == 0) & first):
-            last = num_reqs <= 1
-            if num_reqs > 1:
-                last = arrive(host.arrivals, num_reqs)
-            else:
-                tl.debug_barrier()  # every thread's record stores before the copy's loads
-            if last:
-                copy_to_host(records_ptr, num_reqs * records_stride, host_ptr, 0, HOST_BLOCK,
-                             HOST_BLOCK)
-                tl.debug_barrier()  # every thread's copy before the done word's release
-                signal_host(host, step, done_ptr)
+                _settle_row(row, drawn_before, pool, top, records, draft_ptr, workspace, request,
+                            VOCAB, M, K, SPLITS, CAP, BLOCK, SMALL_BLOCK, HAS_BITMASK,
+                            NUCLEUS_WINNER)
 
 
 @triton.jit
@@ -466,11 +438,10 @@ def _settle_row(row, drawn_before, pool, top, records, draft_ptr, workspace, req
                 CAP: tl.constexpr, BLOCK: tl.constexpr, SMALL_BLOCK: tl.constexpr,
                 HAS_BITMASK: tl.constexpr, NUCLEUS_WINNER: tl.constexpr):
     """A row's token, logprobs and (its request's last row) record, in the one program of the
-    finish that settles the row; returns whether this program wrote the request's record.
-    `row`: the mask flag and `_row_inputs`' results (as `resolve.settle_token` takes them);
-    `pool`: the row's (partials, pool count, pool logits, pool ids, stats); `request`:
-    (request, row within it, its first row, its rows); `drawn_before`: see
-    `resolve.settle_token`."""
+    finish that settles the row. `row`: the mask flag and `_row_inputs`' results (as
+    `resolve.settle_token` takes them); `pool`: the row's (partials, pool count, pool logits,
+    pool ids, stats); `request`: (request, row within it, its first row, its rows);
+    `drawn_before`: see `resolve.settle_token`."""
     row_ptr, _mask_row, mask_on, _key, _inv_temp, top_k, _top_p, _min_p, num_logprobs, \
         is_random, filtered = row
     req, r, first_row, m = request
@@ -480,7 +451,7 @@ def _settle_row(row, drawn_before, pool, top, records, draft_ptr, workspace, req
     small_k = filtered & (top_k > 0) & (top_k <= SMALL_K)
     token = settle_token(pool, row, small_k, drawn_before, top, VOCAB, SPLITS, CAP, TILE, BLOCK,
                          SMALL_BLOCK, HAS_BITMASK, RADIX_BITS, NUCLEUS_WINNER)
-    records_ptr, records_stride, _host = records
+    records_ptr, records_stride = records
     rec_ptr = records_ptr + req.to(tl.int64) * records_stride
     if K > 0:
         if num_logprobs > 0:
@@ -491,18 +462,15 @@ def _settle_row(row, drawn_before, pool, top, records, draft_ptr, workspace, req
                 at_max = at_max & (mask_on == 0)  # a constant True without a step flag
             settle_logprobs(pool, top, rec_ptr, row_ptr, r, token, at_max, num_logprobs, VOCAB,
                             M, K, SPLITS, CAP, TILE, BLOCK, SMALL_BLOCK)
-    wrote = req >= 0
     if M == 1:
         assemble_record(rec_ptr, token, has_nan(part, SPLITS), 0, num_logprobs, M, K)
     else:
         # The request's rows settle in parallel; the last to finish verifies the drafts.
         tokens, arrivals = workspace_request(workspace, req, M, SPLITS, CAP)
         tl.store(tokens + r, token)
-        wrote = arrive(arrivals, m)
-        if wrote:
+        if arrive(arrivals, m):
             assemble_drafts(rec_ptr, tokens, workspace, req, first_row, m, draft_ptr,
                             num_logprobs, M, K, SPLITS, CAP)
-    return wrote
 
 
 # --------------------------------------------------------------------------- host side
@@ -564,27 +532,6 @@ def _check_records(records, layout: RecordLayout, max_num_reqs: int, device) -> 
             or records.stride(1) != 1:
         raise ValueError(f"records must be [>= {max_num_reqs}, {layout.width}] with a contiguous "
                          f"last dim, got shape {tuple(records.shape)} strides {records.stride()}")
-
-
-def _check_host(host, records, max_num_reqs: int, device) -> None:
-    if not isinstance(host, HostTarget):
-        raise TypeError(f"host must be a HostTarget or None, got {type(host).__name__}")
-    if max_num_reqs < 1:
-        raise ValueError("host: the finish signals the step done, so max_num_reqs must be >= 1")
-    words = max_num_reqs * records.shape[1]
-    if records.stride(0) != records.shape[1] or words > HOST_COPY_WORDS:
-        raise ValueError(f"host: the finish copies contiguous records of at most "
-                         f"{HOST_COPY_WORDS} words, got {max_num_reqs} x {records.shape[1]} "
-                         f"with strides {records.stride()}")
-    for name, want, size in (("slot_addresses", torch.int64, 2), ("done_address", torch.int64, 1),
-                             ("meta_seq", torch.int64, 1), ("last", torch.int64, 1),
-                             ("arrivals", torch.int32, 1)):
-        t = getattr(host, name)
-        if not isinstance(t, torch.Tensor) or t.dtype != want or t.numel() < size \
-                or t.device != device:
-            raise ValueError(f"host.{name} must be a {want} tensor of >= {size} on {device}, got "
-                             f"{getattr(t, 'dtype', type(t).__name__)} "
-                             f"{tuple(getattr(t, 'shape', ()))} on {getattr(t, 'device', None)}")
 
 
 def _block_size(vocab_size: int, k_p: int, block_size: int | None) -> int:
@@ -679,7 +626,7 @@ def sample(logits: torch.Tensor, *, vocab_size: int, num_reqs: torch.Tensor,
            bitmask_rows: torch.Tensor | None = None, bitmask_enabled: torch.Tensor | None = None,
            workspace: SamplerWorkspace | None = None, block_size: int | None = None,
            splits_per_program: int | None = None, finish_programs: int | None = None,
-           pdl: bool = False, host: HostTarget | None = None) -> None:
+           pdl: bool = False) -> None:
     """Sample every request of a sub-batch into `records` [>= max_num_reqs, layout.width].
 
     `num_reqs` [1] int32 holds n on the device; `max_num_reqs` is the static grid bound. With a
@@ -691,11 +638,7 @@ def sample(logits: torch.Tensor, *, vocab_size: int, num_reqs: torch.Tensor,
     `finish_programs` (1, 2, 4, 8 or 16) the programs per row of the finish (by default
     `FINISH_PROGRAMS`; fewer where the workspace has no room); none changes a result. `pdl`
     launches both kernels as programmatic dependents of the kernel before each (compute
-    capability 9.0+, `graphshard.runtime.pdl`): the same results, scheduled earlier. `host`
-    (`graphshard.runtime.hostcopy`; contiguous records of at most HOST_COPY_WORDS words, host
-    slots of at least as many): the finish's last program also copies the n records into the
-    host slot of the step's parity and signals the step done, as a tp = 1 engine's publish kernel
-    would after it."""
+    capability 9.0+, `graphshard.runtime.pdl`): the same results, scheduled earlier."""
     if not isinstance(logits, torch.Tensor):
         raise TypeError(f"logits must be a torch.Tensor, got {type(logits).__name__}")
     if logits.dtype not in LOGITS_DTYPES:
@@ -719,8 +662,6 @@ def sample(logits: torch.Tensor, *, vocab_size: int, num_reqs: torch.Tensor,
     check_int32_vector("seq_lens", seq_lens, max_num_reqs, device, where="logits")
     _check_tables(tables, device)
     _check_records(records, layout, max_num_reqs, device)
-    if host is not None:
-        _check_host(host, records, max_num_reqs, device)
     if draft_tokens is not None:
         check_int32_vector("draft_tokens", draft_tokens, num_rows, device, where="logits")
     _check_bitmask(bitmask, bitmask_rows, bitmask_enabled, vocab_size, num_rows, device)
@@ -757,6 +698,6 @@ def sample(logits: torch.Tensor, *, vocab_size: int, num_reqs: torch.Tensor,
                *buffers_arg, **scan_sizes, **dependent, **scan_options(False, chunk_block))
     launch(_finish_kernel, (max_num_reqs * m, programs), logits_arg, *batch, mask,
            bitmask_stride, bitmask_enabled, *buffers_arg,
-           (records, records.stride(0), host), draft_tokens, **sizes, **dependent,
+           (records, records.stride(0)), draft_tokens, **sizes, **dependent,
            SMALL_BLOCK=min(block, SMALL_BLOCK_SIZE), PROGRAMS=programs,
            **finish_options(max_num_reqs * m, programs, chunk_block))

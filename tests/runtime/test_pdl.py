@@ -93,7 +93,6 @@ _CHILD = textwrap.dedent("""
     import graphshard.sample.kernels as kernels
     from benchmarks.prebuild import compile_only
     from graphshard.engine.readout import _publish_kernel
-    from graphshard.runtime.hostcopy import HostTarget
     from graphshard.runtime.launch import deferred_launches
     from graphshard.runtime.pdl import pdl_options
     from graphshard.sample.params import SlotTables
@@ -104,23 +103,20 @@ _CHILD = textwrap.dedent("""
     layout = RecordLayout(1, 2)
     out = {}
     for pdl in (False, True):
-        i64 = [torch.zeros(n, dtype=torch.int64) for n in (2, 1, 1, 1)]
-        target = HostTarget(*i64, torch.zeros(1, **i32))
         with deferred_launches() as launches:
-            # With pdl, a tp = 1 engine's finish: it ends the step (copies the records to the
-            # host), after the same wait.
             kernels.sample(torch.zeros(2, 1024), vocab_size=1000, num_reqs=torch.ones(1, **i32),
                            req_slots=torch.zeros(2, **i32), cu_num_logits=torch.arange(3, **i32),
                            seq_lens=torch.zeros(2, **i32), tables=SlotTables(2, "cpu"),
                            layout=layout, records=torch.zeros(2, layout.width, **i32),
-                           max_num_reqs=2, pdl=pdl, host=target if pdl else None)
+                           max_num_reqs=2, pdl=pdl)
         for item in launches:
             name = item.kernel.fn.__name__
             compiled = item.kernel.warmup(*item.args, grid=item.grid, **item.kwargs)
             out[f"{name}:{pdl}"] = (compiled.metadata.launch_pdl, compiled.asm["ptx"])
-        compiled = _publish_kernel.warmup(torch.zeros(8, **i32), torch.ones(1, **i32), target,
-                                          WIDTH=4, BLOCK=1024, SHARED=False, grid=(1,),
-                                          **pdl_options(pdl))
+        args = [torch.zeros(4, dtype=torch.int64) for _ in range(6)] + [torch.zeros(1, **i32)]
+        args[0], args[1] = torch.zeros(8, **i32), torch.ones(1, **i32)
+        compiled = _publish_kernel.warmup(*args, WIDTH=4, SLOT=8, BLOCK=1024, SHARED=False,
+                                          grid=(1,), **pdl_options(pdl))
         out[f"_publish_kernel:{pdl}"] = (compiled.metadata.launch_pdl, compiled.asm["ptx"])
     print(json.dumps(out))
 """)
