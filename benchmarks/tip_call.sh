@@ -28,7 +28,8 @@
 # Files under $OUT: times.txt (clocks, cache relocation, each part's end and exit status),
 # variants_32000.json and .txt, variants_32000_large.json and .txt, timeline_default.json
 # (and .txt), gpu_tests_<shard>.txt,
-# gpu_report.jsonl, bench.json, bench.txt, sampler_table.md, kernel_tests_<shard>.txt.
+# gpu_report.jsonl, bench.json, bench.txt, sampler_table.md, kernel_tests_<shard>.txt, and all of
+# them in all.tgz.
 set -u
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 PYTHONUNBUFFERED=1
 cd "$(dirname "$0")/.."
@@ -94,3 +95,5 @@ for name in $parts; do
   esac
 done
 cat "$log"
+# A call brings back only a few files (alphabetically first): all.tgz holds every one of them.
+tmp=$(mktemp) && tar czf "$tmp" -C "$OUT" --exclude=all.tgz . && mv "$tmp" "$OUT/all.tgz"
