@@ -13,7 +13,7 @@
 #             time and gaps are (not in the default PARTS);
 #   gpu_tests `tests/gpu/test_pdl_gpu.py` (programmatic launches return what plain ones do),
 #             the tp = 1 tests of `tests/gpu/test_host_path_gpu.py` (`read()` of every step, the
-#             host copy by the finish or the publish kernel) and
+#             publish kernel's host copy) and
 #             `tests/gpu/test_compile_ahead_gpu.py` (the capture's compile ahead, with and without
 #             bitmask support; compiles its own variants on purpose: its vocabularies are new),
 #             in parallel shards as kernel_tests runs them;
