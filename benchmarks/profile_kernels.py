@@ -3,7 +3,7 @@ captured tp = 1 engine step (CUPTI through torch.profiler; no hardware counters 
 
 Usage: python3 -m benchmarks.profile_kernels [--vocab 152064] [--dtype float32]
        [--modes greedy,top_k_top_p,...] [--batches 1,32,256,1024] [--k K] [--bitmask]
-       [--no-step] [--splits-per-program N] [--out kernels.json]
+       [--no-step] [--splits-per-program N] [--chunk-size C] [--out kernels.json]
 Prints one line per (what, batch, kernel): mean µs per call over the profiled calls, and per
 (mode, batch) the rows that left the sampler's candidate path over those calls.
 """
@@ -85,6 +85,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--no-step", action="store_true", help="skip the tp = 1 engine step")
     parser.add_argument("--splits-per-program", type=int, default=None,
                         help="vocabulary chunks per scan program (default: the sampler's choice)")
+    parser.add_argument("--chunk-size", type=int, default=None,
+                        help="vocabulary columns per scan chunk (default: the workspace's choice)")
     parser.add_argument("--out", default=None)
     parser.add_argument("--check", action="store_true",
                         help="check the arguments and exit (no GPU needed): a device call's "
@@ -108,9 +110,11 @@ def sampler_calls(args: argparse.Namespace, device):
             k = args.k if args.k is not None else MAX_LOGPROBS if MODES[mode].num_logprobs else 0
             call, ws = sampler_call(logits[:batch], args.vocab, MODES[mode], k, device,
                                     bitmask=args.bitmask,
-                                    splits_per_program=args.splits_per_program, pdl=args.pdl)
+                                    splits_per_program=args.splits_per_program, pdl=args.pdl,
+                                    chunk_size=args.chunk_size)
             what = f"sampler_{mode}" + ("_bitmask" if args.bitmask else "") + \
-                ("_pdl" if args.pdl else "")
+                ("_pdl" if args.pdl else "") + \
+                (f"_chunk{args.chunk_size}" if args.chunk_size else "")
             yield what, batch, call, ws
 
 

@@ -87,14 +87,14 @@ class TorchSortSampler:
 
 def sampler_call(logits: torch.Tensor, vocab: int, params: SamplingParams, num_logprobs: int,
                  device, bitmask: bool = False, splits_per_program: int | None = None,
-                 pdl: bool = False) -> tuple:
+                 pdl: bool = False, chunk_size: int | None = None) -> tuple:
     """(call, workspace): `call()` launches the sampler once over `logits` [batch, padded vocab],
     every row a one-row request with `params` (layout K = `num_logprobs`, positions 100). With
     `bitmask`, as the engine launches it: a grammar bitmask that allows every token, switched on
     by a device flag (both scan variants launch; the bitmask one streams). `splits_per_program`
     overrides the sampler's choice of vocabulary chunks per scan program; `pdl` launches the
-    sampler's kernels as programmatic dependents (as `Engine.programmatic_launch`). The set-up is done
-    here, once: `call` only launches, so it can be timed or captured."""
+    sampler's kernels as programmatic dependents (as `Engine.programmatic_launch`); `chunk_size`
+    overrides the workspace's vocabulary chunk per program. The set-up is done here, once: `call` only launches, so it can be timed or captured."""
     batch = logits.shape[0]
     layout = RecordLayout(1, num_logprobs)
     tables = SlotTables(batch, device)
@@ -104,7 +104,7 @@ def sampler_call(logits: torch.Tensor, vocab: int, params: SamplingParams, num_l
     i32 = dict(dtype=torch.int32, device=device)
     idx, cu = torch.arange(batch, **i32), torch.arange(batch + 1, **i32)
     n, lens = torch.tensor([batch], **i32), torch.full((batch,), 100, **i32)
-    ws = SamplerWorkspace.allocate(batch, 1, vocab, device)
+    ws = SamplerWorkspace.allocate(batch, 1, vocab, device, chunk_size=chunk_size)
     mask = {}
     if bitmask:
         mask = dict(bitmask=torch.full((batch, bitmask_words(vocab)), -1, **i32), bitmask_rows=idx,
