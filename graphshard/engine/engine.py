@@ -281,7 +281,9 @@ class Engine:
         sample_all = self._sample_fn(key)
 
         def step():
-            inp.fetch()
+            # At tp = 1 the sampler's scan comes next, a programmatic dependent when the
+            # engine launches so.
+            inp.fetch(pdl_next=self.programmatic_launch and self.transport is None)
             if self.transport is not None:  # fills the receive buffer `sample_all` reads
                 self.transport.all_gather_vocab(inp.logits, None, bucket * m, fenced=False,
                                                 agree=agree)

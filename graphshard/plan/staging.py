@@ -108,7 +108,11 @@ def meta_offset(offs, n, max_num_reqs):
 
 @triton.jit(do_not_specialize=["max_num_reqs", "row_words64"])
 def _fetch_kernel(rows_ptr, meta_ptr, last_ptr, max_num_reqs, row_words64,
-                  BLOCK: tl.constexpr):
+                  BLOCK: tl.constexpr, LAUNCH_DEPENDENTS: tl.constexpr = False):
+    if LAUNCH_DEPENDENTS:
+        # The next kernel is a programmatic dependent (`graphshard.runtime.pdl`): its programs
+        # may take their SMs now and park in their wait, which covers this whole kernel.
+        tl.extra.cuda.gdc_launch_dependents()
     fetch_row(rows_ptr, meta_ptr, last_ptr, max_num_reqs, row_words64,
               tl.program_id(0) * BLOCK, tl.num_programs(0) * BLOCK, BLOCK)
 
@@ -203,10 +207,13 @@ class Staging:
         node in a captured graph, which reads the rows as they are at replay)."""
         self.copies.copy_(self.rows, non_blocking=True)
 
-    def fetch(self) -> None:
-        """`pull`, then the kernel that takes this step's row into `meta`."""
+    def fetch(self, pdl_next: bool = False) -> None:
+        """`pull`, then the kernel that takes this step's row into `meta`. `pdl_next`: the
+        kernel launched next is a programmatic dependent, which this one lets launch at its
+        start."""
         self.pull()
-        launch(_fetch_kernel, self._grid, *self.fetch_args(), BLOCK=_FETCH_BLOCK)
+        launch(_fetch_kernel, self._grid, *self.fetch_args(), BLOCK=_FETCH_BLOCK,
+               **({"LAUNCH_DEPENDENTS": True} if pdl_next else {}))
 
     def signal_done(self) -> None:
         """The step's last kernel: its step number into `last` and the host's done word."""
