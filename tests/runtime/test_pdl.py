@@ -1,7 +1,7 @@
 """Programmatic dependent launch: refused where the device cannot do it, ignored by an engine
 whose device cannot, and compiled for sm_90 with the wait before every memory access of the
 kernels launched so (the scan, the finish, the tp = 1 publish), and their dependents' trigger
-after it. The launches themselves run on a
+after it; the tp = 1 fetch triggers before its first access where the scan depends on it. The launches themselves run on a
 GPU only (`tests/gpu/test_pdl_gpu.py`)."""
 
 import json
@@ -20,6 +20,7 @@ from graphshard.engine import Engine
 from graphshard.engine.readout import HostRecords
 from graphshard.errors import ConfigError
 from graphshard.plan.staging import Staging
+from graphshard.runtime.launch import deferred_launches
 from graphshard.runtime.pdl import check_pdl, supports_pdl
 from graphshard.sample.kernels import sample
 from graphshard.sample.params import SamplingParams, SlotTables
@@ -82,6 +83,14 @@ def test_an_engine_whose_device_can_launches_its_sampler_as_dependents(monkeypat
             assert item.kwargs.get("PDL", False) is asked, item.kernel.fn.__name__
             assert item.kwargs.get("launch_pdl", False) is asked
         assert engine.host_records._dependent == (dict(PDL=True, launch_pdl=True) if asked else {})
+        # The step's fetch lets the scan after it launch early only where the scan is a
+        # programmatic dependent.
+        with deferred_launches() as launches:
+            engine._step_fn((2, "replicate", 0))()
+        names = [item.kernel.fn.__name__ for item in launches]
+        assert names[:2] == ["_fetch_kernel", "_scan_kernel"], names
+        assert launches[0].kwargs.get("LAUNCH_DEPENDENTS", False) is asked
+        assert "launch_pdl" not in launches[0].kwargs  # it follows the copy node: no wait
 
 
 # Compiled in a child process (the interpreter replaces `@triton.jit` at import): the sampler's
@@ -93,6 +102,7 @@ _CHILD = textwrap.dedent("""
     import graphshard.sample.kernels as kernels
     from benchmarks.prebuild import compile_only
     from graphshard.engine.readout import _publish_kernel
+    from graphshard.plan.staging import Staging
     from graphshard.runtime.launch import deferred_launches
     from graphshard.runtime.pdl import pdl_options
     from graphshard.sample.params import SlotTables
@@ -118,6 +128,12 @@ _CHILD = textwrap.dedent("""
         compiled = _publish_kernel.warmup(*args, WIDTH=4, SLOT=8, BLOCK=1024, SHARED=False,
                                           grid=(1,), **pdl_options(pdl))
         out[f"_publish_kernel:{pdl}"] = (compiled.metadata.launch_pdl, compiled.asm["ptx"])
+        staging = Staging(2, torch.device("cpu"))
+        with deferred_launches() as launches:
+            staging.fetch(pdl_next=pdl)
+        (item,) = launches
+        compiled = item.kernel.warmup(*item.args, grid=item.grid, **item.kwargs)
+        out[f"_fetch_kernel:{pdl}"] = (compiled.metadata.launch_pdl, compiled.asm["ptx"])
     print(json.dumps(out))
 """)
 
@@ -135,19 +151,24 @@ def test_kernels_launched_as_dependents_wait_before_touching_memory(tmp_path):
                           text=True, timeout=1500)
     assert done.returncode == 0, done.stderr[-4000:]
     compiled = json.loads(done.stdout.splitlines()[-1])
-    assert set(compiled) == {f"{k}:{p}" for k in ("_scan_kernel", "_finish_kernel", "_publish_kernel")
-                             for p in (False, True)}
+    assert set(compiled) == {f"{k}:{p}" for k in ("_scan_kernel", "_finish_kernel", "_publish_kernel",
+                                                  "_fetch_kernel") for p in (False, True)}
     for key, (launch_pdl, ptx) in compiled.items():
         pdl = key.endswith(":True")
-        assert launch_pdl is pdl, key
+        # The fetch follows the step's copy node: it is never a dependent itself, but lets
+        # the scan after it launch.
+        fetch = key.startswith("_fetch_kernel")
+        assert launch_pdl is (pdl and not fetch), key
         lines = _body_lines(ptx)
         waits = [i for i, line in enumerate(lines) if line.startswith("griddepcontrol.wait")]
         triggers = [i for i, line in enumerate(lines)
                     if line.startswith("griddepcontrol.launch_dependents")]
-        if not pdl:
-            assert not waits and not triggers, key
-            continue
-        assert len(waits) == 1 and len(triggers) == 1 and waits[0] < triggers[0], key
         memory = [i for i, line in enumerate(lines)
                   if line.startswith(("ld.global", "st.global", "atom.", "red.", "ld.volatile"))]
-        assert memory and waits[0] < memory[0], (key, lines[:waits[0] + 1])
+        if not pdl:
+            assert not waits and not triggers, key
+        elif fetch:
+            assert not waits and len(triggers) == 1 and memory and triggers[0] < memory[0], key
+        else:
+            assert len(waits) == 1 and len(triggers) == 1 and waits[0] < triggers[0], key
+            assert memory and waits[0] < memory[0], (key, lines[:waits[0] + 1])
