@@ -94,7 +94,8 @@ def sampler_call(logits: torch.Tensor, vocab: int, params: SamplingParams, num_l
     by a device flag (both scan variants launch; the bitmask one streams). `splits_per_program`
     overrides the sampler's choice of vocabulary chunks per scan program; `pdl` launches the
     sampler's kernels as programmatic dependents (as `Engine.programmatic_launch`); `chunk_size`
-    overrides the workspace's vocabulary chunk per program. The set-up is done here, once: `call` only launches, so it can be timed or captured."""
+    overrides the workspace's vocabulary chunk per program. The set-up is done here, once:
+    `call` only launches, so it can be timed or captured."""
     batch = logits.shape[0]
     layout = RecordLayout(1, num_logprobs)
     tables = SlotTables(batch, device)

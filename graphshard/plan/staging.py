@@ -42,6 +42,7 @@ import triton
 import triton.language as tl
 
 from graphshard.runtime.launch import launch
+from graphshard.runtime.pdl import lead_dependents
 
 HEADER = 8  # step (2 words), num_reqs, bitmask_on, the inputs flags and the slots digest (2 each)
 _HEADER = tl.constexpr(HEADER)
@@ -109,10 +110,7 @@ def meta_offset(offs, n, max_num_reqs):
 @triton.jit(do_not_specialize=["max_num_reqs", "row_words64"])
 def _fetch_kernel(rows_ptr, meta_ptr, last_ptr, max_num_reqs, row_words64,
                   BLOCK: tl.constexpr, LAUNCH_DEPENDENTS: tl.constexpr = False):
-    if LAUNCH_DEPENDENTS:
-        # The next kernel is a programmatic dependent (`graphshard.runtime.pdl`): its programs
-        # may take their SMs now and park in their wait, which covers this whole kernel.
-        tl.extra.cuda.gdc_launch_dependents()
+    lead_dependents(LAUNCH_DEPENDENTS)  # the scan after it, where that is a dependent
     fetch_row(rows_ptr, meta_ptr, last_ptr, max_num_reqs, row_words64,
               tl.program_id(0) * BLOCK, tl.num_programs(0) * BLOCK, BLOCK)
 

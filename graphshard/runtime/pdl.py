@@ -62,3 +62,12 @@ def follow_producer(PDL: tl.constexpr):
     if PDL:
         tl.extra.cuda.gdc_wait()
         tl.extra.cuda.gdc_launch_dependents()
+
+
+@triton.jit
+def lead_dependents(LAUNCH: tl.constexpr):
+    """With LAUNCH, let the kernel after this one launch now (its programs park in their own
+    wait, which covers the whole of this kernel). Alone, the first statement of a kernel that is
+    no dependent itself but has one: at tp = 1 the step's fetch, after the copy node."""
+    if LAUNCH:
+        tl.extra.cuda.gdc_launch_dependents()

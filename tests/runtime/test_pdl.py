@@ -1,8 +1,8 @@
 """Programmatic dependent launch: refused where the device cannot do it, ignored by an engine
 whose device cannot, and compiled for sm_90 with the wait before every memory access of the
 kernels launched so (the scan, the finish, the tp = 1 publish), and their dependents' trigger
-after it; the tp = 1 fetch triggers before its first access where the scan depends on it. The launches themselves run on a
-GPU only (`tests/gpu/test_pdl_gpu.py`)."""
+after it; the tp = 1 fetch triggers before its first access where the scan depends on it. The
+launches themselves run on a GPU only (`tests/gpu/test_pdl_gpu.py`)."""
 
 import json
 import os
@@ -151,8 +151,8 @@ def test_kernels_launched_as_dependents_wait_before_touching_memory(tmp_path):
                           text=True, timeout=1500)
     assert done.returncode == 0, done.stderr[-4000:]
     compiled = json.loads(done.stdout.splitlines()[-1])
-    assert set(compiled) == {f"{k}:{p}" for k in ("_scan_kernel", "_finish_kernel", "_publish_kernel",
-                                                  "_fetch_kernel") for p in (False, True)}
+    kernels = ("_scan_kernel", "_finish_kernel", "_publish_kernel", "_fetch_kernel")
+    assert set(compiled) == {f"{k}:{p}" for k in kernels for p in (False, True)}
     for key, (launch_pdl, ptx) in compiled.items():
         pdl = key.endswith(":True")
         # The fetch follows the step's copy node: it is never a dependent itself, but lets
