@@ -20,7 +20,7 @@ import torch.distributed as dist
 from graphshard.engine.agreement import AgreementCheck, SlotDigest, digest
 from graphshard.config import LOGITS_DTYPES, Config
 from graphshard.runtime.devices import check_kernels_run_on, resolve_device
-from graphshard.runtime.launch import Launch, compile_launches, compile_workers, deferred_launches
+from graphshard.runtime.launch import compile_launches, compile_workers
 from graphshard.runtime.pdl import supports_pdl
 from graphshard.engine.divergence import DivergenceCheck
 from graphshard.errors import (EngineStateError, InvalidBatchError, InvalidParamsError, InvalidSlotError,
@@ -30,12 +30,12 @@ from graphshard.graphs import GraphManager, make_backend
 from graphshard.engine.inputs import StepInputs
 from graphshard.engine.readout import HostRecords
 from graphshard.sample.params import SamplingParams, SlotTables
-from graphshard.plan.kernel import fetch_and_plan
 from graphshard.plan.layout import PlanBuffers
 from graphshard.sample.records import HostOutput, RecordLayout, SamplerOutput, unpack
 from graphshard.engine.rendezvous import Rendezvous
-from graphshard.engine.routes import Route, eager_key, eager_keys, is_unmasked, keys_for, unmasked
+from graphshard.engine.routes import Route, eager_key, eager_keys, keys_for, unmasked
 from graphshard.sample.kernels import SamplerWorkspace, bitmask_words, sample
+from graphshard.engine.steps import StepParts
 from graphshard.engine.strategy import REPLICATE, SHARD, choose_strategies
 from graphshard.engine.validate import BatchChecker, BatchLimits
 
@@ -118,6 +118,7 @@ class Engine:
         # Steps without graphs are slow on CUDA: rank 0 says so once.
         self._warn_uncaptured = self.device.type == "cuda" and self.tp_rank == 0
         self._setup_faults()
+        self.parts = self._step_parts()
 
     # -- set-up --------------------------------------------------------------------------------
     def _allocate(self) -> None:
@@ -196,6 +197,17 @@ class Engine:
         self.rendezvous = Rendezvous(reporter.store, reporter.prefix, self.tp_rank, self.tp_size,
                                      cfg.timeout_s)
 
+    def _step_parts(self) -> StepParts:
+        cfg = self.config
+        return StepParts(inputs=self.inputs, plan=self.plan_buffers, tables=self.tables,
+                         layout=self.layout, sampler=self.sample, records=self.records,
+                         local_records=self.local_records, identity_rows=self.identity_rows,
+                         transport=self.transport, host_records=self.host_records,
+                         divergence=self.divergence, vocab_size=cfg.vocab_size,
+                         max_num_logits_per_req=cfg.max_num_logits_per_req, tp_rank=self.tp_rank,
+                         digest_rows=self._digest_rows,
+                         programmatic_launch=self.programmatic_launch)
+
     def _barrier(self) -> None:
         if self.transport is not None:
             self.transport.barrier()
@@ -249,82 +261,6 @@ class Engine:
         lo = int(rank) * self.vocab_shard
         return lo, lo + self.vocab_shard
 
-    # -- the step functions (what a graph captures) ----------------------------------------------
-    # Every step ends closed: its last transport call (`gather`, or `close` for replicate) ends
-    # with a barrier every rank passes only once its peers have finished reading what the step
-    # delivered. Nothing else touches the transport between steps but two-phase barriers
-    # (capture), so each step's push skips its own start barrier (`fenced=False`; the argument,
-    # first steps and failures included, is in graphshard/transports/p2p.py). The same call
-    # ends the step on the device (`done`), with no kernel of its own on p2p.
-    def _shard_fn(self, bucket: int, capacity: int):
-        cap_reqs = _owned_reqs(bucket, capacity)
-        inp, pb, m = self.inputs, self.plan_buffers, self.config.max_num_logits_per_req
-        drafts = inp.draft_token_ids if m > 1 else None
-        agree = self.divergence
-        sample_owned = self._sample_fn((bucket, SHARD, capacity))
-
-        def step():
-            fetch_and_plan(inp.staged, pb, tp_rank=self.tp_rank,
-                           gather_stride=cap_reqs + self._digest_rows,
-                           max_num_logits_per_req=m, draft_token_ids=drafts)
-            # Fills the transport's receive buffer, which `sample_owned` reads.
-            self.transport.exchange(pb, inp.logits, None, capacity, fenced=False, agree=agree)
-            sample_owned()
-            self.transport.gather(pb, self.local_records, self.records, cap_reqs, bucket,
-                                  done=inp.staged, agree=agree)
-
-        return step
-
-    def _replicate_fn(self, key: tuple):
-        bucket, inp, m = key[0], self.inputs, self.config.max_num_logits_per_req
-        agree = self.divergence
-        sample_all = self._sample_fn(key)
-
-        def step():
-            # At tp = 1 the sampler's scan comes next, a programmatic dependent when the
-            # engine launches so.
-            inp.fetch(pdl_next=self.programmatic_launch and self.transport is None)
-            if self.transport is not None:  # fills the receive buffer `sample_all` reads
-                self.transport.all_gather_vocab(inp.logits, None, bucket * m, fenced=False,
-                                                agree=agree)
-            sample_all()
-            if self.transport is None:
-                self.host_records.publish(bucket)  # the records to the host, then the done word
-            else:
-                self.transport.close(done=inp.staged, agree=agree)
-
-        return step
-
-    def _sample_fn(self, key: tuple) -> Callable[[], None]:
-        """The sampler call of `key`'s step, reading the full-vocabulary rows where the step's
-        exchange leaves them: the transport's receive buffer (an exchange or all-gather into
-        `out=None`), or the inputs' logits at tp = 1. An `unmasked` key's call has no bitmask."""
-        bucket, strategy, capacity = key[:3]
-        inp, pb, m = self.inputs, self.plan_buffers, self.config.max_num_logits_per_req
-        full = inp.logits if self.transport is None else self.transport.receive_buffer()
-        masked = inp.grammar_bitmask is not None and not is_unmasked(key)
-        common = dict(vocab_size=self.config.vocab_size, tables=self.tables, layout=self.layout,
-                      bitmask=inp.grammar_bitmask if masked else None,
-                      bitmask_enabled=inp.bitmask_on if masked else None)
-        if strategy == SHARD:
-            return functools.partial(
-                self.sample, full, num_reqs=pb.local_num_reqs, req_slots=pb.local_idx_mapping,
-                cu_num_logits=pb.local_cu_num_logits, seq_lens=pb.local_seq_lens,
-                records=self.local_records, max_num_reqs=_owned_reqs(bucket, capacity),
-                draft_tokens=pb.local_draft_tokens if m > 1 else None,
-                bitmask_rows=pb.local_row_src if masked else None, **common)
-        return functools.partial(
-            self.sample, full, num_reqs=inp.num_reqs, req_slots=inp.idx_mapping,
-            cu_num_logits=inp.cu_num_logits, seq_lens=inp.seq_lens, records=self.records,
-            max_num_reqs=bucket, draft_tokens=inp.draft_token_ids if m > 1 else None,
-            bitmask_rows=self.identity_rows if masked else None, **common)
-
-    def _step_fn(self, key: tuple):
-        bucket, strategy, capacity = key[:3]
-        if strategy == SHARD:
-            return self._shard_fn(bucket, capacity)
-        return self._replicate_fn(key)
-
     # -- capture --------------------------------------------------------------------------------
     def capture(self) -> None:
         """Capture every bucket (every capacity tier of it) into one pool, largest first; with
@@ -372,7 +308,7 @@ class Engine:
         # The ranks of a host compile the same variants at once: they share its cores.
         workers = max(1, compile_workers() // min(self.tp_size, torch.cuda.device_count()))
         with torch.cuda.device(self.device):
-            self._compiled_variants = compile_launches(self._sampler_launches(keys), workers)
+            self._compiled_variants = compile_launches(self.parts.sampler_launches(keys), workers)
         self._compile_s = time.perf_counter() - start
         # The first warm-up's collectives would wait for a rank still compiling, on p2p in a
         # device-side wait bounded by timeout_s; the ranks meet on the host first, allowing for
@@ -388,17 +324,10 @@ class Engine:
         strategies = (SHARD, REPLICATE) if auto else (self._strategy[cfg.max_bucket],)
         return eager_keys(cfg.max_bucket, cfg.max_num_reqs, strategies, self.tp_size)
 
-    def _sampler_launches(self, keys: list[tuple]) -> list[Launch]:
-        """The kernel launches of the sampler calls of `keys`' steps, recorded, not run."""
-        with deferred_launches() as launches:
-            for key in keys:
-                self._sample_fn(key)()
-        return launches
-
     def _capture_fn(self, key: tuple):
         """The step of `key`, with a valid batch of exactly its bucket staged for warm-up and capture."""
         self._write_placeholder_batch(key[0])
-        return self._step_fn(key)
+        return self.parts.step_fn(key)
 
     def _timing_keys(self) -> dict[int, tuple[tuple, tuple]]:
         """Per bucket, the shard and the replicate graph that its placeholder batch (balanced
@@ -616,7 +545,7 @@ class Engine:
 
     def _run_eager(self, idx: np.ndarray, cu: np.ndarray, n: int) -> None:
         """Above the largest bucket (or before capture): the same step, run without a graph."""
-        fn = self._step_fn(eager_key(n, idx, cu, self._strategy[self.config.max_bucket], self.tp_size))
+        fn = self.parts.step_fn(eager_key(n, idx, cu, self._strategy[self.config.max_bucket], self.tp_size))
         if self.captured:
             self.graphs.run_eager(fn, n)
         else:
@@ -718,7 +647,3 @@ class Engine:
                 "programmatic_launch": self.programmatic_launch,
                 "bitmask_free_graphs": self.bitmask_free_graphs}
 
-
-def _owned_reqs(bucket: int, capacity: int) -> int:
-    """The request bound of a shard step's local sampler: a rank owns at most `capacity` rows."""
-    return max(1, min(bucket, capacity))

@@ -1,5 +1,5 @@
 """What `capture()` compiles ahead is what the steps launch: the sampler calls that
-`Engine._sampler_launches` records for the capture's keys and the eager keys are, argument for
+`StepParts.sampler_launches` records for the capture's keys and the eager keys are, argument for
 argument (tensors by address, shape, strides and dtype), a superset of the sampler launches of
 the capture's warm-up and capture runs and of later steps above the largest bucket, and hold
 every capture launch. CPU, interpreter, emulated graphs (there the compile itself is skipped:
@@ -43,7 +43,7 @@ def _launches(rank, world, cfg):
 
     def record_ahead(keys):
         compiled_keys.extend(keys)
-        ahead.update(_key(*item) for item in engine._sampler_launches(keys))
+        ahead.update(_key(*item) for item in engine.parts.sampler_launches(keys))
         ran.clear()  # the recording went through `record_run` too
 
     real_launch = kernels.launch

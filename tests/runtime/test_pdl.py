@@ -77,7 +77,7 @@ def test_an_engine_whose_device_can_launches_its_sampler_as_dependents(monkeypat
     for asked in (False, True):
         engine = Engine(cfg.replace(programmatic_launch=asked))
         assert engine.programmatic_launch is asked
-        launches = engine._sampler_launches([(2, "replicate", 0), (4, "replicate", 0)])
+        launches = engine.parts.sampler_launches([(2, "replicate", 0), (4, "replicate", 0)])
         assert {item.kernel.fn.__name__ for item in launches} == {"_scan_kernel", "_finish_kernel"}
         for item in launches:
             assert item.kwargs.get("PDL", False) is asked, item.kernel.fn.__name__
@@ -86,7 +86,7 @@ def test_an_engine_whose_device_can_launches_its_sampler_as_dependents(monkeypat
         # The step's fetch lets the scan after it launch early only where the scan is a
         # programmatic dependent.
         with deferred_launches() as launches:
-            engine._step_fn((2, "replicate", 0))()
+            engine.parts.step_fn((2, "replicate", 0))()
         names = [item.kernel.fn.__name__ for item in launches]
         assert names[:2] == ["_fetch_kernel", "_scan_kernel"], names
         assert launches[0].kwargs.get("LAUNCH_DEPENDENTS", False) is asked
