@@ -10,7 +10,8 @@ import torch.distributed as dist
 from graphshard.config import TRANSPORTS
 from graphshard.runtime.devices import resolve_device
 from graphshard.transports.base import Transport
-from graphshard.transports.p2p import P2PTransport, p2p_unavailable_reason
+from graphshard.transports.p2p import P2PTransport
+from graphshard.transports.peer_memory import p2p_unavailable_reason
 from graphshard.transports.padded import PaddedTransport
 
 logger = logging.getLogger(__name__)
