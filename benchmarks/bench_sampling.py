@@ -2,7 +2,7 @@
 
 Usage: python3 -m benchmarks.bench_sampling [--out sampling.json] [--shapes 152064:float32,...]
        [--modes greedy,top_k_top_p,...] [--batches 1,8,32,256,1024] [--iters 30]
-       [--no-grammar-bitmask] [--programmatic-launch]
+       [--no-grammar-bitmask] [--no-programmatic-launch]
 
 Per (shape, mode, batch), on one GPU:
   graphshard        Engine (tp = 1, CUDA graphs, logits written into engine.inputs.logits),
@@ -21,8 +21,9 @@ Per (shape, mode, batch), on one GPU:
 The engine's config has `grammar_bitmask = true` (as by default) unless `--no-grammar-bitmask`
 (its graphshard rows then say `"grammar_bitmask": false`; no step passes a bitmask; rows say
 `"bitmask_free_graphs"`: whether those steps replayed a graph without bitmask support), and
-`programmatic_launch` with `--programmatic-launch` (rows: `"programmatic_launch"`, what the
-engine applied; the sampler-alone call is launched the same way).
+`programmatic_launch` as by default unless `--no-programmatic-launch` (rows:
+`"programmatic_launch"`, what the engine applied; the sampler-alone call is launched the same
+way). So by default the engine is the one a user's default config builds.
 Writes a list of rows (keys mode, batch, vocab, dtype, path, step_us, ...) to --out and prints
 a table. `--compile-only` times nothing: it compiles what the timing needs (the engine's capture
 and the sampler-alone calls) into Triton's cache, so that a run beside other work on a fresh
@@ -79,7 +80,7 @@ def sampler_alone(logits, batch, vocab, params, device, pdl: bool = False) -> tu
 
 def run_shape(vocab: int, dtype: torch.dtype, modes, batches, iters: int, device,
               save=lambda rows: None, compile_only: bool = False,
-              grammar_bitmask: bool = True, programmatic_launch: bool = False) -> list[dict]:
+              grammar_bitmask: bool = True, programmatic_launch: bool = True) -> list[dict]:
     """Every (mode, batch) point of one shape; `save(rows)` after each (a call cut short keeps
     what it measured). `compile_only`: capture, launch each batch's sampler-alone call once,
     time nothing."""
@@ -217,8 +218,10 @@ def main(argv=None):
                         help="compile what the timing needs into Triton's cache; time nothing")
     parser.add_argument("--no-grammar-bitmask", action="store_true",
                         help="an engine whose config has grammar_bitmask = false")
-    parser.add_argument("--programmatic-launch", action="store_true",
-                        help="an engine whose config has programmatic_launch = true")
+    parser.add_argument("--programmatic-launch", action=argparse.BooleanOptionalAction,
+                        default=Config.programmatic_launch,
+                        help="the engine config's programmatic_launch (default: the config's "
+                             "default)")
     args = parser.parse_args(argv)
     device = torch.device("cuda", 0)
     rows = []

@@ -2,7 +2,7 @@
 long it runs, against the same sampler replayed back to back.
 
 Usage: python3 -m benchmarks.step_timeline [--shape 32000:bfloat16] [--modes greedy,top_k_top_p]
-       [--batches 1,32] [--steps 200] [--no-grammar-bitmask] [--programmatic-launch]
+       [--batches 1,32] [--steps 200] [--no-grammar-bitmask] [--no-programmatic-launch]
        [--buckets 1,32,256,1024] [--k 20] [--out timeline.json]
 
 By default the engine is built as `benchmarks.bench_sampling` builds it (buckets 1, 32, 256,
@@ -65,8 +65,10 @@ def main(argv=None):
     parser.add_argument("--no-grammar-bitmask", action="store_true",
                         help="an engine whose config has grammar_bitmask = false (at tp = 1 the "
                              "default engine's steps without a bitmask launch the same kernels)")
-    parser.add_argument("--programmatic-launch", action="store_true",
-                        help="an engine whose config has programmatic_launch = true")
+    parser.add_argument("--programmatic-launch", action=argparse.BooleanOptionalAction,
+                        default=Config.programmatic_launch,
+                        help="the engine config's programmatic_launch (default: the config's "
+                             "default)")
     parser.add_argument("--buckets", default=",".join(map(str, BUCKETS)))
     parser.add_argument("--k", type=int, default=MAX_LOGPROBS, help="the config's num_logprobs")
     parser.add_argument("--out", default="timeline.json")
