@@ -4,6 +4,9 @@ compile what a piece of code would launch before it runs.
 Kernels run with torch-function handling disabled: under the Triton interpreter a launch moves
 tensors through the host, which the emulated graph checker would otherwise report as host syncs
 in the step. A compiled kernel on a GPU does no such thing, so nothing is hidden by this.
+Interpreted kernels also run with NumPy's floating-point warnings off: the interpreter computes
+every lane of an expression with NumPy, masked lanes too (-inf - -inf where a `tl.where` drops
+the result), and the kernels rely on IEEE results there, which a GPU produces without a word.
 
 Triton compiles a kernel variant at its first launch, one after another. A vocabulary-sized
 sampler variant takes a minute or more of one CPU core (BENCHMARKS.md, "Compile time of the
@@ -23,6 +26,7 @@ from contextlib import contextmanager
 from contextvars import ContextVar
 from typing import Iterator, NamedTuple
 
+import numpy as np
 import torch
 import triton
 import triton.language as tl
@@ -46,7 +50,10 @@ def launch(kernel, grid, *args, **kwargs):
     if deferred is not None:
         deferred.append(Launch(kernel, grid, args, kwargs))
         return None
-    with torch._C.DisableTorchFunction():
+    if compiles_kernels(kernel):
+        with torch._C.DisableTorchFunction():
+            return kernel[grid](*args, **kwargs)
+    with torch._C.DisableTorchFunction(), np.errstate(all="ignore"):
         return kernel[grid](*args, **kwargs)
 
 
