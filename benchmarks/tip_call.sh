@@ -18,6 +18,13 @@
 #             bitmask support; compiles its own variants on purpose: its vocabularies are new),
 #             in parallel shards as kernel_tests runs them;
 #   bench     `benchmarks/test_bench_sampler.py` (every mode x batch x shape) and its table;
+#   logprobs  the logprob kernels at 152064 fp32, batches 256 and 1024 (`benchmarks.profile_kernels`,
+#             CUPTI, beside greedy and top-k + top-p), then the scan's hardware counters at
+#             batch 256 (`benchmarks/counters.sh logprobs_20:256 greedy:256`): where the logprob
+#             rows miss 1.5x greedy (variants in `.triton_cache_s`; not in the default PARTS);
+#   sampling  `benchmarks.bench_sampling` over the three shapes and batches 1-1024 with the
+#             default engine: `sampling.json`, the side-by-side file of the filtered-sampling
+#             issue (variants in `.triton_cache_bs`, carried alone; not in the default PARTS);
 #   kernel_tests  the compiled sampler's tests (`tests/gpu/test_sampler_gpu.py`,
 #             `test_kernels_gpu.py`, `tests/sample/test_rows.py`) and the compile-ahead test
 #             without bitmask support, in parallel shards of one pytest process each: they
@@ -27,7 +34,8 @@
 # Build the cache first (benchmarks/ablations/README.md, "Queued for the next GPU run").
 # Files under $OUT: times.txt (clocks, cache relocation, each part's end and exit status),
 # variants_32000.json and .txt, variants_32000_large.json and .txt, timeline_default.json
-# (and .txt), gpu_tests_<shard>.txt,
+# (and .txt), gpu_tests_<shard>.txt, kernels_logprobs.json (and .txt), counters.tgz and
+# counters.txt, sampling.json (and .txt),
 # gpu_report.jsonl, bench.json, bench.txt, sampler_table.md, kernel_tests_<shard>.txt, and all of
 # them in all.tgz.
 set -u
@@ -82,6 +90,13 @@ for name in $parts; do
       --benchmark-json="$OUT/bench.json" --benchmark-columns=median,rounds
       python3 -m benchmarks.sampler_table "$OUT/bench.json" --out "$OUT/sampler_table.md" \
         >> "$log" 2>&1 ;;
+    logprobs)
+      part kernels_logprobs 40 python3 -m benchmarks.profile_kernels --vocab 152064 \
+        --dtype float32 --modes greedy,logprobs_5,logprobs_20,top_k_top_p --batches 256,1024 \
+        --k 20 --no-step --out "$OUT/kernels_logprobs.json"
+      part counters 90 bash benchmarks/counters.sh logprobs_20:256 greedy:256 ;;
+    sampling) part sampling 95 python3 -m benchmarks.bench_sampling --out "$OUT/sampling.json" \
+      --shapes 152064:float32,128256:bfloat16,32000:bfloat16 --batches 1,8,32,256,1024 ;;
     kernel_tests) shards kernel_tests \
       "tests/gpu/test_sampler_gpu.py -k small_rows_at_large_grids or large_batches_settle" \
       "tests/gpu/test_sampler_gpu.py -k benchmark_settings" \
@@ -91,7 +106,7 @@ for name in $parts; do
       "tests/gpu/test_kernels_gpu.py tests/sample/test_rows.py" \
       "tests/gpu/test_compile_ahead_gpu.py -k False" ;;
     *) echo "unknown part $name (variants, variants_large, timeline, gpu_tests, bench," \
-         "kernel_tests)" >> "$log" ;;
+         "logprobs, sampling, kernel_tests)" >> "$log" ;;
   esac
 done
 cat "$log"
