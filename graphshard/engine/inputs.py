@@ -62,10 +62,11 @@ class StepInputs:
         """A batch every warm-up, capture or timing run may fetch, whichever row it reads."""
         self.staged.write_both(step, idx, cu, lens, False)
 
-    def fetch(self, pdl_next: bool = False) -> None:
-        """The step's first operation: the staged inputs into `meta` (graph-safe). `pdl_next`:
-        the next kernel is a programmatic dependent (`Staging.fetch`)."""
-        self.staged.fetch(pdl_next)
+    def fetch(self, max_reqs: int | None = None, pdl_next: bool = False) -> None:
+        """The step's first operation: the staged inputs of a step of at most `max_reqs`
+        requests (its bucket) into `meta` (graph-safe). `pdl_next`: the next kernel is a
+        programmatic dependent (`Staging.fetch`)."""
+        self.staged.fetch(max_reqs, pdl_next)
 
     def is_zero_copy(self, logits: torch.Tensor | None, num_logits: int) -> bool:
         """Whether the decode loop wrote this step's logits straight into `self.logits` (None:

@@ -106,7 +106,7 @@ class StepParts:
         def step():
             fetch_and_plan(inp.staged, pb, tp_rank=self.tp_rank,
                            gather_stride=cap_reqs + self.digest_rows,
-                           max_num_logits_per_req=m, draft_token_ids=drafts)
+                           max_num_logits_per_req=m, draft_token_ids=drafts, max_reqs=bucket)
             # Fills the transport's receive buffer, which `sample_owned` reads.
             transport.exchange(pb, inp.logits, None, capacity, fenced=False, agree=agree)
             sample_owned()
@@ -124,7 +124,7 @@ class StepParts:
         lead_scan = self.programmatic_launch and transport is None
 
         def step():
-            inp.fetch(pdl_next=lead_scan)
+            inp.fetch(key[0], pdl_next=lead_scan)  # a step of at most its bucket's requests
             if transport is not None:  # fills the receive buffer `sample_all` reads
                 transport.all_gather_vocab(inp.logits, None, rows, fenced=False, agree=agree)
             sample_all()

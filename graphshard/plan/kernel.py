@@ -174,9 +174,8 @@ def _fetch_plan_kernel(
     PADDED_NUM_LOGITS_PER_REQ: tl.constexpr, HAS_DRAFTS: tl.constexpr,
     FETCH_BLOCK: tl.constexpr,
 ):
-    rows_ptr, meta_ptr, last_ptr, staged_max_reqs, row_words64 = staged
-    fetch_row(rows_ptr, meta_ptr, last_ptr, staged_max_reqs, row_words64, 0, FETCH_BLOCK,
-              FETCH_BLOCK)
+    rows_ptr, meta_ptr, last_ptr, staged_max_reqs = staged
+    fetch_row(rows_ptr, meta_ptr, last_ptr, staged_max_reqs, 0, FETCH_BLOCK, FETCH_BLOCK)
     # The plan reads meta words other threads of this program just stored: a block-wide
     # barrier orders those global stores before its loads.
     tl.debug_barrier()
@@ -244,17 +243,18 @@ def plan(
 
 
 def fetch_and_plan(staging: Staging, out: PlanBuffers, *, tp_rank: int, gather_stride: int,
-                   max_num_logits_per_req: int,
-                   draft_token_ids: torch.Tensor | None = None) -> PlanBuffers:
-    """`staging.fetch()` then `plan(out, ...)` from the fetched inputs, in one launch (one
-    program). Graph-safe: which staged row to take is decided on the device."""
+                   max_num_logits_per_req: int, draft_token_ids: torch.Tensor | None = None,
+                   max_reqs: int | None = None) -> PlanBuffers:
+    """`staging.fetch(max_reqs)` then `plan(out, ...)` from the fetched inputs, in one launch
+    (one program): a step of at most `max_reqs` requests (default: the staging's maximum).
+    Graph-safe: which staged row to take is decided on the device."""
     num_reqs, _, idx_mapping, cu_num_logits, seq_lens = staging.views()
     options = dict(tp_rank=tp_rank, gather_stride=gather_stride,
                    max_num_logits_per_req=max_num_logits_per_req, draft_token_ids=draft_token_ids)
     _check_plan_args(out, idx_mapping=idx_mapping, cu_num_logits=cu_num_logits,
                      seq_lens=seq_lens, num_reqs=num_reqs, **options)
     args, constexprs = _plan_launch_args(out, **options)
-    staging.pull()
+    staging.pull(max_reqs)
     staged = staging.fetch_args()
     launch(_fetch_plan_kernel, (1,), staged, idx_mapping, cu_num_logits, seq_lens, num_reqs,
            *args, FETCH_BLOCK=min(_MAX_FETCH_BLOCK, triton.next_power_of_2(3 * staged[3] + 1)),

@@ -2,7 +2,8 @@
 
 The host writes step k's replicated integers into row k % 2 of a pinned host buffer (plain
 memory on CPU): no copy call, no device call. The captured step fetches them itself: its first
-operation (`pull`) copies both rows to the device with the copy engine, and its first kernel
+operation (`pull`) copies both rows, as far as a step of its bucket uses them, to the device
+with the copy engine, and its first kernel
 (`fetch`, or the shard step's fused fetch and plan) takes the right one into the device-side
 `meta` buffer; its last kernel (`signal_done`, or the p2p record push that ends the step) writes
 the step's number into a pinned host word. The host reads that word with one NumPy load to know
@@ -20,7 +21,12 @@ A host row (int32 words) is [step (int64) | num_reqs | bitmask_on | digest (two 
 idx_mapping n | cu_num_logits n+1 | seq_lens n | unused], packed by the step's own n; the fetch
 reads its header, then only the 3n + 1 words the step uses, and spreads them into meta's fixed
 layout [header | idx_mapping N | cu_num_logits N+1 | seq_lens N] (N = max_num_reqs), which the
-step's kernels read. The digest words are the divergence check's (`graphshard.engine.divergence`:
+step's kernels read. The two rows lie in slices of SLICE words that alternate ([row 0's slice 0
+| row 1's slice 0 | row 0's slice 1 | ...]), so the words a step of at most b requests uses lie,
+for both rows, in one leading range of the buffer: a bucket's graph copies that range alone.
+Copying both whole rows made every step of an engine with max_num_reqs = 1024 ~6 µs slower than
+one with 32, whatever its batch (an H200 at batch 1: the copy 3.4 against 0.8 µs, and the fetch
+kernel starting 6 µs later after it; BENCHMARKS.md). The digest words are the divergence check's (`graphshard.engine.divergence`:
 the host's flags for the inputs word, whose hash the device adds from the fetched arrays, and
 the slot-table digest), so its kernels read them from device memory too. A
 row being rewritten while a step copies it is never the one that step takes.
@@ -46,6 +52,10 @@ from graphshard.runtime.pdl import lead_dependents
 
 HEADER = 8  # step (2 words), num_reqs, bitmask_on, the inputs flags and the slots digest (2 each)
 _HEADER = tl.constexpr(HEADER)
+# Words of a row slice: even (a row's int64 header stays aligned), at least HEADER (the header
+# lies in one slice); 128 keeps steps of up to 39 requests in the first slice of each row.
+SLICE = 128
+_SLICE = tl.constexpr(SLICE)
 _FETCH_BLOCK = 1024
 
 # The host writes the header's (num_reqs, bitmask_on) pair as one int64 and checks signs through
@@ -54,22 +64,20 @@ assert sys.byteorder == "little", "graphshard's host staging assumes a little-en
 
 
 def row_width(max_num_reqs: int) -> int:
-    """Words per staging row: even, so every row's leading int64 is aligned."""
-    width = HEADER + 3 * max_num_reqs + 1
-    return width + width % 2
+    """Words per staging row for steps of at most `max_num_reqs` requests, in whole slices."""
+    return -(-(HEADER + 3 * max_num_reqs + 1) // SLICE) * SLICE
 
 
 @triton.jit
-def fetch_row(rows_ptr, meta_ptr, last_ptr, max_num_reqs, row_words64, first, stride,
-              BLOCK: tl.constexpr):
+def fetch_row(rows_ptr, meta_ptr, last_ptr, max_num_reqs, first, stride, BLOCK: tl.constexpr):
     """This step's staged row into `meta`, blocks `first, first + stride, ...` of its packed
     words (the step's first kernel, or its part of a fused first kernel). `rows_ptr` is the
-    device copy of both host rows (`Staging.pull`)."""
+    device copy of both host rows' leading slices (`Staging.pull`)."""
     heads = rows_ptr.to(tl.pointer_type(tl.int64))
     seq_a = tl.load(heads)
     head_a = tl.load(heads + 1)
-    seq_b = tl.load(heads + row_words64)
-    head_b = tl.load(heads + row_words64 + 1)
+    seq_b = tl.load(heads + _SLICE // 2)
+    head_b = tl.load(heads + _SLICE // 2 + 1)
     last = tl.load(last_ptr)
     new_a = seq_a > last
     new_b = seq_b > last
@@ -78,14 +86,13 @@ def fetch_row(rows_ptr, meta_ptr, last_ptr, max_num_reqs, row_words64, first, st
     seq = tl.where(take_b, seq_b, seq_a)
     head = tl.where(take_b, head_b, head_a)
     n = (head & 0xFFFFFFFF).to(tl.int32)
-    taken = tl.where(take_b, row_words64, 0)
-    words = rows_ptr + 2 * taken + _HEADER
+    taken = tl.where(take_b, _SLICE, 0)  # the word where the taken row's first slice starts
     meta64 = meta_ptr.to(tl.pointer_type(tl.int64))
     tl.store(meta64, seq)
     tl.store(meta_ptr + 2, n)
     tl.store(meta_ptr + 3, (head >> 32).to(tl.int32))
-    tl.store(meta64 + 2, tl.load(heads + taken + 2))
-    tl.store(meta64 + 3, tl.load(heads + taken + 3))
+    tl.store(meta64 + 2, tl.load(heads + taken // 2 + 2))
+    tl.store(meta64 + 3, tl.load(heads + taken // 2 + 3))
     # The 3n + 1 words the step uses, packed [idx n | cu n+1 | lens n], spread into meta's
     # fixed layout [idx N | cu N+1 | lens N].
     used = 3 * n + 1
@@ -93,7 +100,9 @@ def fetch_row(rows_ptr, meta_ptr, last_ptr, max_num_reqs, row_words64, first, st
     while start < used:
         offs = start + tl.arange(0, BLOCK)
         live = offs < used
-        v = tl.load(words + offs, mask=live, other=0)
+        word = offs + _HEADER  # of the row
+        v = tl.load(rows_ptr + taken + (word // _SLICE) * (2 * _SLICE) + word % _SLICE, mask=live,
+                    other=0)
         tl.store(meta_ptr + _HEADER + meta_offset(offs, n, max_num_reqs), v, mask=live)
         start += stride
 
@@ -107,12 +116,12 @@ def meta_offset(offs, n, max_num_reqs):
                              offs - 2 * n - 1 + 2 * max_num_reqs + 1))
 
 
-@triton.jit(do_not_specialize=["max_num_reqs", "row_words64"])
-def _fetch_kernel(rows_ptr, meta_ptr, last_ptr, max_num_reqs, row_words64,
+@triton.jit(do_not_specialize=["max_num_reqs"])
+def _fetch_kernel(rows_ptr, meta_ptr, last_ptr, max_num_reqs,
                   BLOCK: tl.constexpr, LAUNCH_DEPENDENTS: tl.constexpr = False):
     lead_dependents(LAUNCH_DEPENDENTS)  # the scan after it, where that is a dependent
-    fetch_row(rows_ptr, meta_ptr, last_ptr, max_num_reqs, row_words64,
-              tl.program_id(0) * BLOCK, tl.num_programs(0) * BLOCK, BLOCK)
+    fetch_row(rows_ptr, meta_ptr, last_ptr, max_num_reqs, tl.program_id(0) * BLOCK,
+              tl.num_programs(0) * BLOCK, BLOCK)
 
 
 @triton.jit
@@ -139,10 +148,11 @@ class Staging:
         self.device = device
         pinned = device.type == "cuda"
         self.meta = torch.zeros(self.width, dtype=torch.int32, device=device)
-        self.rows = torch.zeros(2, self.width, dtype=torch.int32, pin_memory=pinned)
-        # Both rows as the step's first operation copied them (a copy-engine transfer: a kernel
-        # reading host memory pays a host-link round trip per dependent load).
-        self.copies = torch.zeros(2, self.width, dtype=torch.int32, device=device)
+        # Both rows, their slices alternating: [width // SLICE, 2, SLICE] words, flat.
+        self.rows = torch.zeros(2 * self.width, dtype=torch.int32, pin_memory=pinned)
+        # The rows' leading slices as the step's first operation copied them (a copy-engine
+        # transfer: a kernel reading host memory pays a host-link round trip per dependent load).
+        self.copies = torch.zeros(2 * self.width, dtype=torch.int32, device=device)
         # The last step the device finished (-1: none); written by the step's last kernel.
         self.done = torch.full((1,), -1, dtype=torch.int64, pin_memory=pinned)
         self._last = torch.full((1,), -1, dtype=torch.int64, device=device)
@@ -154,13 +164,13 @@ class Staging:
         self._slices = (slice(HEADER, HEADER + n), slice(HEADER + n, HEADER + 2 * n + 1),
                         slice(HEADER + 2 * n + 1, HEADER + 3 * n + 1))
         host = self.rows.numpy()
-        host.view(np.int64)[:, 0] = -1  # no step staged yet
-        # The rows as bytes and as int64 words: a step's write is one byte copy of its packed
-        # words and two word stores (NumPy slice assignment costs ~3x more per array).
+        host.view(np.int64)[[0, SLICE // 2]] = -1  # no step staged yet
+        # The rows as bytes and as int64 words: a step that fits its rows' first slice is one
+        # byte copy of its packed words and two word stores (NumPy slice assignment costs ~3x
+        # more per array); a larger one spreads its words over its row's slices.
         self._bytes = memoryview(host).cast("B")
         self._words64 = self._bytes.cast("q")
-        self._row_words64 = self.width // 2
-        self._grid = (triton.cdiv(self.width, _FETCH_BLOCK),)
+        self._row_slices = host.reshape(-1, 2, SLICE)
 
     def views(self) -> tuple[torch.Tensor, ...]:
         """Device views of meta: num_reqs [1], bitmask_on [1], idx_mapping, cu_num_logits, seq_lens."""
@@ -187,31 +197,56 @@ class Staging:
         self._write_digest(step & 1, flags, slots)
 
     def _write_digest(self, r: int, flags: int, slots: int) -> None:
-        head = r * self._row_words64
+        head = r * SLICE // 2  # row r's header, in int64 words
         self._words64[head + 2] = flags
         self._words64[head + 3] = slots
 
     def _write_row(self, r: int, step: int, idx, cu, lens, bitmask_on: bool) -> None:
         n = idx.shape[0]
-        head = r * self._row_words64
-        start = 8 * head + 4 * HEADER
-        body = b"".join((idx.tobytes(), cu.tobytes(), lens.tobytes()))  # [idx n | cu n+1 | lens n]
-        self._bytes[start:start + len(body)] = body
+        head = r * SLICE // 2
+        if HEADER + 3 * n + 1 <= SLICE:
+            start = 8 * head + 4 * HEADER
+            body = b"".join((idx.tobytes(), cu.tobytes(), lens.tobytes()))  # [idx n | cu n+1 | lens n]
+            self._bytes[start:start + len(body)] = body
+        else:
+            self._spread(r, np.concatenate((idx, cu, lens)))
         self._words64[head + 1] = n | (int(bitmask_on) << 32)
         self._words64[head] = step  # last, so a row's step number never names a half-written row
 
-    def pull(self) -> None:
-        """The step's first operation: both host rows into `copies` (stream-ordered; a copy
-        node in a captured graph, which reads the rows as they are at replay)."""
-        self.copies.copy_(self.rows, non_blocking=True)
+    def _spread(self, r: int, body: np.ndarray) -> None:
+        """Row r's packed words past its header over its slices: the rest of the first, whole
+        slices, then the last one's head."""
+        slices, first = self._row_slices[:, r, :], SLICE - HEADER
+        slices[0, HEADER:] = body[:first]
+        full, tail = divmod(body.shape[0] - first, SLICE)
+        rest = body[first:]
+        slices[1:1 + full] = rest[:full * SLICE].reshape(full, SLICE)
+        if tail:
+            slices[1 + full, :tail] = rest[full * SLICE:]
 
-    def fetch(self, pdl_next: bool = False) -> None:
-        """`pull`, then the kernel that takes this step's row into `meta`. `pdl_next`: the
-        kernel launched next is a programmatic dependent, which this one lets launch at its
-        start."""
-        self.pull()
-        launch(_fetch_kernel, self._grid, *self.fetch_args(), BLOCK=_FETCH_BLOCK,
-               **({"LAUNCH_DEPENDENTS": True} if pdl_next else {}))
+    def pull(self, max_reqs: int | None = None) -> None:
+        """The step's first operation: the leading slices of both host rows that a step of at
+        most `max_reqs` requests (default: max_num_reqs) uses, into `copies` (stream-ordered; a
+        copy node in a captured graph, which reads the rows as they are at replay)."""
+        words = self._pulled(max_reqs)
+        self.copies[:words].copy_(self.rows[:words], non_blocking=True)
+
+    def _pulled(self, max_reqs: int | None) -> int:
+        if max_reqs is None:
+            return 2 * self.width
+        if isinstance(max_reqs, bool) or not isinstance(max_reqs, (int, np.integer)) \
+                or not 0 <= max_reqs <= self.max_num_reqs:
+            raise ValueError(f"max_reqs must be an int in [0, {self.max_num_reqs}], got {max_reqs!r}")
+        return 2 * row_width(max_reqs)
+
+    def fetch(self, max_reqs: int | None = None, pdl_next: bool = False) -> None:
+        """`pull(max_reqs)`, then the kernel that takes this step's row into `meta`: a step of
+        at most `max_reqs` requests. `pdl_next`: the kernel launched next is a programmatic
+        dependent, which this one lets launch at its start."""
+        self.pull(max_reqs)
+        used = HEADER + 3 * (self.max_num_reqs if max_reqs is None else max_reqs) + 1
+        launch(_fetch_kernel, (triton.cdiv(used, _FETCH_BLOCK),), *self.fetch_args(),
+               BLOCK=_FETCH_BLOCK, **({"LAUNCH_DEPENDENTS": True} if pdl_next else {}))
 
     def signal_done(self) -> None:
         """The step's last kernel: its step number into `last` and the host's done word."""
@@ -219,8 +254,8 @@ class Staging:
 
     def fetch_args(self) -> tuple:
         """What a fused first kernel passes to `fetch_row` after `pull`: (copies, meta, last,
-        max_num_reqs, row_words64)."""
-        return self.copies, self.meta, self._last, self.max_num_reqs, self._row_words64
+        max_num_reqs)."""
+        return self.copies, self.meta, self._last, self.max_num_reqs
 
     def done_args(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """What a fused last kernel passes to `signal_done`: (the done word's address, meta's

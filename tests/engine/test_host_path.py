@@ -13,7 +13,7 @@ from graphshard.config import Config
 from graphshard.engine import Engine
 from graphshard.engine.faults import FaultGuard, StepClock, StepFault, Watchdog
 from graphshard.sample.params import SamplingParams
-from graphshard.plan.staging import Staging
+from graphshard.plan.staging import SLICE, Staging, row_width
 from graphshard.engine.readout import HostRecords
 from graphshard.engine.validate import BatchChecker, BatchLimits, InvalidBatchError
 
@@ -56,6 +56,39 @@ def test_each_step_fetches_its_own_row_with_two_steps_staged(rows_per_req):
     assert _fetched(s) == _staged(c)
     s.signal_done()
     assert s.finished() == 2
+
+
+# Sizes at the rows' slice edges: the first slice's last fit (39), a body ending exactly at a
+# slice's end (125), one word past it, and the maximum.
+EDGE_SIZES = (0, 1, 39, 40, 125, 126, 300)
+
+
+@given(sizes=st.lists(st.sampled_from(EDGE_SIZES), min_size=1, max_size=6),
+       extra=st.sampled_from((0, 1, 60, 300)), seed=st.integers(0, 2**31 - 1))
+@settings(max_examples=25, deadline=None)
+def test_a_step_fetched_through_its_buckets_slices_gets_its_own_inputs(sizes, extra, seed):
+    """A bucket's graph pulls only the rows' leading slices a step of its size uses: every
+    step, staged in either row while the other holds the previous step, is fetched whole, and
+    the device copy past the pulled range is never written."""
+    rng = np.random.default_rng(seed)
+    s = Staging(max_num_reqs=300, device=CPU)
+    for step, n in enumerate(sizes):
+        batch = _batch(rng.integers(0, 1000, n).tolist(), 1, rng.integers(0, 5000, n).tolist())
+        bucket = min(300, n + extra)
+        s.write(step, *batch, bool(step % 3 == 1))
+        s.copies.fill_(-7)
+        s.fetch(bucket)
+        assert _fetched(s) == _staged(batch, int(step % 3 == 1))
+        assert (s.copies[2 * row_width(bucket):] == -7).all()
+        s.signal_done()
+    assert row_width(39) == SLICE < row_width(40)
+
+
+def test_pull_refuses_a_bucket_above_the_staging():
+    s = Staging(max_num_reqs=4, device=CPU)
+    for bad in (5, -1, 2.0, True):
+        with pytest.raises(ValueError, match="max_reqs"):
+            s.pull(bad)
 
 
 @pytest.mark.parametrize("grid_for", [1, 700])
@@ -102,6 +135,26 @@ def _greedy(n_slots=12, **changes):
     for slot in range(n_slots):
         engine.add_request(slot, SamplingParams(temperature=0.0))
     return engine
+
+
+def test_a_small_buckets_step_pulls_only_its_slices():
+    """The engine's bucket graphs (and steps above the largest bucket) pull the rows' leading
+    slices of their own size, and sample the right tokens."""
+    cfg = Config(vocab_size=200, vocab_pad_multiple=8, max_num_reqs=200, max_num_slots=200,
+                 buckets=(2, 60), graph_backend="emulated")
+    engine = Engine(cfg)
+    for slot in range(200):
+        engine.add_request(slot, SamplingParams(temperature=0.0))
+    engine.capture()
+    copies = engine.inputs.staged.copies
+    for n, pulled in ((1, row_width(2)), (41, row_width(60)), (150, row_width(150))):
+        logits = torch.zeros(n, engine.vocab_shard)
+        logits[torch.arange(n), torch.arange(n) % 100] = 1.0
+        copies.fill_(-7)
+        engine.step(np.arange(n, dtype=np.int32), np.arange(n + 1, dtype=np.int32),
+                    np.zeros(n, np.int32), logits)
+        assert (copies[2 * pulled:] == -7).all() and (copies[:2 * pulled] != -7).any()
+        assert engine.read().sampled_token_ids[:, 0].tolist() == (np.arange(n) % 100).tolist()
 
 
 def test_steps_before_and_after_a_late_capture_sample_their_own_batch():
