@@ -24,7 +24,7 @@ import numpy as np
 import torch
 
 from benchmarks.sampling_modes import MODES, make_logits
-from benchmarks.step_variants import build, loop_median_us
+from benchmarks.step_variants import build, round_medians
 
 DEFAULTS = dict(programmatic_launch=True, bitmask_free_graphs=True)
 ENGINES = {"A_buckets32_k0": ((1, 8, 32), {}),
@@ -56,14 +56,7 @@ def measure(vocab: int, dtype: torch.dtype, rounds: int, steps: int, device) -> 
                 return step
 
             loops = {name: loop_of(e) for name, e in engines.items()}
-            for step in loops.values():
-                for _ in range(50):
-                    step()
-            medians = {name: [] for name in loops}
-            for _ in range(rounds):
-                for name, step in loops.items():
-                    torch.cuda.synchronize()
-                    medians[name].append(loop_median_us(step, steps))
+            medians = round_medians(loops, rounds, steps, warmup=50)
             row = {"mode": mode, "batch": n,
                    **{name: [round(float(np.median(v)), 1), round(float(np.min(v)), 1)]
                       for name, v in medians.items()}}

@@ -48,6 +48,21 @@ def loop_median_us(step, steps: int) -> float:
     return float(np.median(np.diff(marks))) * 1e6
 
 
+def round_medians(loops: dict, rounds: int, steps: int, warmup: int) -> dict[str, list[float]]:
+    """Each loop warmed up (`warmup` calls), then `rounds` rounds that run every loop once
+    (`steps` calls): each loop's medians per round, µs. A slow spell of the host hits every
+    loop alike."""
+    for fn in loops.values():
+        for _ in range(warmup):
+            fn()
+    per_round = {name: [] for name in loops}
+    for _ in range(rounds):
+        for name, fn in loops.items():
+            torch.cuda.synchronize()
+            per_round[name].append(loop_median_us(fn, steps))
+    return per_round
+
+
 # The engines timed in place beside the first (bitmask support, one graph a bucket, plain
 # launches): name -> config changes from it. An earlier run timed `grammar_bitmask = false` with
 # plain launches too (BENCHMARKS.md).
@@ -105,14 +120,7 @@ def measure(modes, batches, rounds: int, steps: int, device, vocab: int = 152064
             variants = {"cpu": by_cpu, "read": by_read, "read_in_place": in_place_of(engine),
                         **{f"read_in_place_{name}": in_place_of(e) for name, e in others.items()},
                         "sort_graph": lambda: (graph.replay(), tokens.cpu())}
-            for fn in variants.values():
-                for _ in range(20):
-                    fn()
-            per_round = {name: [] for name in variants}
-            for _ in range(rounds):
-                for name, fn in variants.items():
-                    torch.cuda.synchronize()
-                    per_round[name].append(loop_median_us(fn, steps))
+            per_round = round_medians(variants, rounds, steps, warmup=20)
             # The same batch and positions every step: both ways of passing the logits, and
             # every engine, agree.
             records = variants["read_in_place"]().records
