@@ -80,7 +80,8 @@ def sampler_alone(logits, batch, vocab, params, device, pdl: bool = False) -> tu
 
 def run_shape(vocab: int, dtype: torch.dtype, modes, batches, iters: int, device,
               save=lambda rows: None, compile_only: bool = False,
-              grammar_bitmask: bool = True, programmatic_launch: bool = True) -> list[dict]:
+              grammar_bitmask: bool = True,
+              programmatic_launch: bool = Config.programmatic_launch) -> list[dict]:
     """Every (mode, batch) point of one shape; `save(rows)` after each (a call cut short keeps
     what it measured). `compile_only`: capture, launch each batch's sampler-alone call once,
     time nothing."""

@@ -36,7 +36,7 @@ BATCHES = (1, 8)
 def measure(vocab: int, dtype: torch.dtype, rounds: int, steps: int, device) -> list[dict]:
     engines = {name: build(buckets, vocab, dtype, device, **DEFAULTS, **changes)
                for name, (buckets, changes) in ENGINES.items()}
-    rows_used = 32  # the smallest max_num_reqs above
+    rows_used = min(max(buckets) for buckets, _ in ENGINES.values())  # every engine's rows
     logits = make_logits(rows_used, next(iter(engines.values())).vocab, dtype, device)
     for e in engines.values():
         e.inputs.logits[:rows_used].copy_(logits)

@@ -157,8 +157,7 @@ def _fetch_kernels(tmp: str) -> list[dict]:
     such as a jit function's string constexpr left to its default)."""
     from graphshard.plan.staging import _fetch_kernel
 
-    signature = dict(rows_ptr="*i32", meta_ptr="*i32", last_ptr="*i64", max_num_reqs="i32",
-                     row_words64="i32")
+    signature = dict(rows_ptr="*i32", meta_ptr="*i32", last_ptr="*i64", max_num_reqs="i32")
     return [_compile(_fetch_kernel, signature, dict(BLOCK=1024, LAUNCH_DEPENDENTS=pdl), 4, tmp)
             for pdl in (False, True)]
 

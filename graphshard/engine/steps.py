@@ -116,7 +116,8 @@ class StepParts:
         return step
 
     def _replicate_fn(self, key: tuple) -> Callable[[], None]:
-        rows = key[0] * self.max_num_logits_per_req
+        bucket = key[0]
+        rows = bucket * self.max_num_logits_per_req
         inp, transport, agree = self.inputs, self.transport, self.divergence
         sample_all = self.sample_fn(key)
         # At tp = 1 the sampler's scan comes next, a programmatic dependent when the engine
@@ -124,12 +125,12 @@ class StepParts:
         lead_scan = self.programmatic_launch and transport is None
 
         def step():
-            inp.fetch(key[0], pdl_next=lead_scan)  # a step of at most its bucket's requests
+            inp.fetch(bucket, pdl_next=lead_scan)  # a step of at most its bucket's requests
             if transport is not None:  # fills the receive buffer `sample_all` reads
                 transport.all_gather_vocab(inp.logits, None, rows, fenced=False, agree=agree)
             sample_all()
             if transport is None:
-                self.host_records.publish(key[0])  # the records to the host, then the done word
+                self.host_records.publish(bucket)  # the records to the host, then the done word
             else:
                 transport.close(done=inp.staged, agree=agree)
 
