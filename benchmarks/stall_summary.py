@@ -2,13 +2,22 @@
 (`ncu -i REPORT --page source --csv --print-source sass`): the executed stretches of code with
 their share of the warp-stall samples and of the executed instructions, and the stall reasons.
 
-Usage: python3 -m benchmarks.stall_summary FILE.sass.csv [--top 12]
+Usage: python3 -m benchmarks.stall_summary FILE.sass.csv [--top 12] [--cubin KERNEL.cubin]
+
+`--cubin` names the profiled kernel's machine code (the `.cubin` of its Triton cache entry,
+which a CPU machine can read): its line table (`nvdisasm -g`) then names the source lines
+that hold the most stall samples. The cubin must be the profiled one: the instruction counts
+are checked.
 """
 
 from __future__ import annotations
 
 import argparse
+import collections
 import csv
+import re
+import subprocess
+from pathlib import Path
 
 
 def _num(v: str) -> float:
@@ -59,13 +68,49 @@ def summary(path: str, top: int = 12) -> str:
     return "\n".join(lines)
 
 
+def source_lines(cubin: str) -> list[str]:
+    """The source line ("file.py:N") of each machine instruction of `cubin`, in order."""
+    import triton
+
+    tool = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "nvdisasm"
+    text = subprocess.run([str(tool), "-g", "-c", cubin], check=True, capture_output=True,
+                          text=True).stdout
+    where, out = "?", []
+    for line in text.splitlines():
+        m = re.search(r'//## File "([^"]+)", line (\d+)', line)
+        if m:
+            where = f"{Path(m.group(1)).name}:{m.group(2)}"
+        elif re.match(r"\s+/\*[0-9a-f]{4,5}\*/ ", line):
+            out.append(where)
+    return out
+
+
+def by_line(path: str, cubin: str, top: int = 12) -> str:
+    """The source lines with the most stall samples, with their executed instructions."""
+    _, data = load(path)
+    where = source_lines(cubin)
+    if len(where) != len(data):
+        raise ValueError(f"{cubin} has {len(where)} instructions, the profile {len(data)}: "
+                         "not the profiled kernel")
+    samples, executed = collections.Counter(), collections.Counter()
+    for w, d in zip(where, data):
+        samples[w] += _num(d["Warp Stall Sampling (All Samples)"])
+        executed[w] += _num(d["Instructions Executed"])
+    total_s, total_i = sum(samples.values()) or 1.0, sum(executed.values()) or 1.0
+    return "\n".join(f"  {w:24s} samples {s / total_s:6.1%}  instructions "
+                     f"{executed[w] / total_i:6.1%}" for w, s in samples.most_common(top))
+
+
 def main(argv=None):
     parser = argparse.ArgumentParser()
     parser.add_argument("files", nargs="+")
     parser.add_argument("--top", type=int, default=12)
+    parser.add_argument("--cubin", help="the profiled kernel's machine code (source lines)")
     args = parser.parse_args(argv)
     for path in args.files:
         print(summary(path, args.top))
+        if args.cubin:
+            print(by_line(path, args.cubin, args.top))
 
 
 if __name__ == "__main__":
