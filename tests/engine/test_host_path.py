@@ -13,7 +13,7 @@ from graphshard.config import Config
 from graphshard.engine import Engine
 from graphshard.engine.faults import FaultGuard, StepClock, StepFault, Watchdog
 from graphshard.sample.params import SamplingParams
-from graphshard.plan.staging import SLICE, Staging, row_width
+from graphshard.plan.staging import HEADER, SLICE, Staging, row_width
 from graphshard.engine.readout import HostRecords
 from graphshard.engine.validate import BatchChecker, BatchLimits, InvalidBatchError
 
@@ -58,9 +58,11 @@ def test_each_step_fetches_its_own_row_with_two_steps_staged(rows_per_req):
     assert s.finished() == 2
 
 
-# Sizes at the rows' slice edges: the first slice's last fit (39), a body ending exactly at a
-# slice's end (125), one word past it, and the maximum.
-EDGE_SIZES = (0, 1, 39, 40, 125, 126, 300)
+# Sizes at the rows' slice edges: the first slice's last fit (39 at SLICE = 128), one more, a
+# body ending exactly at a slice's end (125) and one past it, and the maximum.
+FIRST_FIT = (SLICE - HEADER - 1) // 3
+SLICE_END = next(n for n in range(FIRST_FIT + 1, 300) if (HEADER + 3 * n + 1) % SLICE == 0)
+EDGE_SIZES = (0, 1, FIRST_FIT, FIRST_FIT + 1, SLICE_END, SLICE_END + 1, 300)
 
 
 @given(sizes=st.lists(st.sampled_from(EDGE_SIZES), min_size=1, max_size=6),
@@ -81,7 +83,7 @@ def test_a_step_fetched_through_its_buckets_slices_gets_its_own_inputs(sizes, ex
         assert _fetched(s) == _staged(batch, int(step % 3 == 1))
         assert (s.copies[2 * row_width(bucket):] == -7).all()
         s.signal_done()
-    assert row_width(39) == SLICE < row_width(40)
+    assert row_width(FIRST_FIT) == SLICE < row_width(FIRST_FIT + 1)
 
 
 def test_pull_refuses_a_bucket_above_the_staging():
