@@ -1,0 +1,31 @@
+#!/usr/bin/env bash
+# One device call: `logprob_capture_from_lanes.patch` (tree abl4/reg) against the code, three
+# alternating rounds of `profile_kernels` at 152064 fp32 (logprobs 5 and 20, greedy and
+# top-k + top-p for control, batches 256 and 1024), then the patched scan's counters at
+# logprobs 20, batch 256. Carry [".triton_cache_g4", "abl4"], built as
+# benchmarks/ablations/README.md says ("Left for the next calls").
+# Usage: OUT=dir bash benchmarks/ablations/capture_from_lanes_call.sh
+set -u
+OUT=$(mkdir -p "${OUT:?set OUT}" && cd "$OUT" && pwd) || exit 2
+cd "$(dirname "$0")/../.."
+export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 PYTHONUNBUFFERED=1
+R=$PWD
+export TRITON_CACHE_DIR=$R/.triton_cache_g4
+log=$OUT/0_log.txt
+nvidia-smi --query-gpu=name,uuid,clocks.sm,clocks.mem --format=csv > $log 2>&1
+python3 -m benchmarks.prebuild --relocate >> $log 2>&1
+SECONDS=0
+A="--vocab 152064 --dtype float32 --modes greedy,logprobs_5,logprobs_20,top_k_top_p --batches 256,1024 --k 20 --no-step"
+for r in 1 2 3; do for t in base reg; do
+  d=$R; [[ $t == reg ]] && d=$R/abl4/reg
+  (cd $d && timeout 60 python3 -m benchmarks.profile_kernels $A --out $OUT/${t}_$r.json \
+     > $OUT/${t}_$r.txt 2>&1)
+  echo "$t $r rc=$? ${SECONDS}s" >> $log
+done; done
+(cd $R/abl4/reg && OUT=$OUT/ctr timeout 100 bash benchmarks/counters.sh logprobs_20:256 \
+   > $OUT/counters_reg.txt 2>&1)
+echo "counters rc=$? ${SECONDS}s" >> $log
+tar czf $OUT/0all.tgz -C $OUT --exclude=0all.tgz .
+cat $log
+for t in base reg; do echo "== $t"; grep -h "_kernel" $OUT/${t}_3.txt; done
+grep -v "^\s*\[" $OUT/counters_reg.txt
