@@ -5,16 +5,7 @@
 # logprobs 20, batch 256. Carry [".triton_cache_g4", "abl4"], built as
 # benchmarks/ablations/README.md says ("Left for the next calls").
 # Usage: OUT=dir bash benchmarks/ablations/capture_from_lanes_call.sh
-set -u
-OUT=$(mkdir -p "${OUT:?set OUT}" && cd "$OUT" && pwd) || exit 2
-cd "$(dirname "$0")/../.."
-export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 PYTHONUNBUFFERED=1
-R=$PWD
-export TRITON_CACHE_DIR=$R/.triton_cache_g4
-log=$OUT/0_log.txt
-nvidia-smi --query-gpu=name,uuid,clocks.sm,clocks.mem --format=csv > $log 2>&1
-python3 -m benchmarks.prebuild --relocate >> $log 2>&1
-SECONDS=0
+CACHE=.triton_cache_g4 source "$(dirname "$0")/call_setup.sh"
 A="--vocab 152064 --dtype float32 --modes greedy,logprobs_5,logprobs_20,top_k_top_p --batches 256,1024 --k 20 --no-step"
 for r in 1 2 3; do for t in base reg; do
   d=$R; [[ $t == reg ]] && d=$R/abl4/reg

@@ -6,16 +6,7 @@
 # `profile_kernels` at 152064 fp32), then the logprob scan's counters (`counters.sh`, whose
 # per-instruction samples `benchmarks.stall_summary --cubin` names by source line).
 # Usage: OUT=dir bash benchmarks/ablations/slices_groups_call.sh
-set -u
-OUT=$(mkdir -p "${OUT:?set OUT}" && cd "$OUT" && pwd) || exit 2
-cd "$(dirname "$0")/../.."
-export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 PYTHONUNBUFFERED=1
-R=$PWD
-export TRITON_CACHE_DIR=$R/.triton_cache_g4
-log=$OUT/0_log.txt
-nvidia-smi --query-gpu=name,uuid,clocks.sm,clocks.mem --format=csv > $log 2>&1
-python3 -m benchmarks.prebuild --relocate >> $log 2>&1
-SECONDS=0
+CACHE=.triton_cache_g4 source "$(dirname "$0")/call_setup.sh"
 for r in 1 2; do for t in old s128 s64; do
   (cd abl3/$t && timeout 120 python3 -m benchmarks.step_configs --batches 1,8,32 --rounds 4 \
      --out $OUT/ab_${t}_$r.json > $OUT/ab_${t}_$r.txt 2>&1)
