@@ -4,20 +4,21 @@
 # 20, greedy and top-k + top-p for control, batches 256 and 1024), then the first tree's scan
 # counters at logprobs 20, batch 256. Carry [".triton_cache_g4", "abl4"], built as
 # benchmarks/ablations/README.md says ("Left for the next calls").
-# Usage: OUT=dir [NAMES="reg reg2"] bash benchmarks/ablations/capture_from_lanes_call.sh
+# Usage: OUT=dir [NAMES="reg reg2"] [ROUNDS=3] [COUNTERS=1] bash
+#        benchmarks/ablations/capture_from_lanes_call.sh
 CACHE=.triton_cache_g4 source "$(dirname "$0")/call_setup.sh"
 names=(${NAMES:-reg})
 A="--vocab 152064 --dtype float32 --modes greedy,logprobs_5,logprobs_20,top_k_top_p --batches 256,1024 --k 20 --no-step"
-for r in 1 2 3; do for t in base "${names[@]}"; do
+for r in $(seq ${ROUNDS:-3}); do for t in base "${names[@]}"; do
   d=$R; [[ $t != base ]] && d=$R/abl4/$t
   (cd $d && timeout 60 python3 -m benchmarks.profile_kernels $A --out $OUT/${t}_$r.json \
      > $OUT/${t}_$r.txt 2>&1)
   echo "$t $r rc=$? ${SECONDS}s" >> $log
 done; done
-(cd $R/abl4/${names[0]} && OUT=$OUT/ctr timeout 100 bash benchmarks/counters.sh logprobs_20:256 \
+[[ ${COUNTERS:-1} == 1 ]] && (cd $R/abl4/${names[0]} && OUT=$OUT/ctr timeout 100 bash benchmarks/counters.sh logprobs_20:256 \
    > $OUT/counters_${names[0]}.txt 2>&1)
 echo "counters rc=$? ${SECONDS}s" >> $log
 tar czf $OUT/0all.tgz -C $OUT --exclude=0all.tgz .
 cat $log
-for t in base "${names[@]}"; do echo "== $t"; grep -h "_kernel" $OUT/${t}_3.txt; done
-grep -v "^\s*\[" $OUT/counters_${names[0]}.txt
+for t in base "${names[@]}"; do echo "== $t"; grep -h "_kernel" $OUT/${t}_${ROUNDS:-3}.txt; done
+[[ ${COUNTERS:-1} == 1 ]] && grep -v "^\s*\[" $OUT/counters_${names[0]}.txt
