@@ -16,10 +16,12 @@ for r in $(seq ${ROUNDS:-3}); do for t in base "${names[@]}"; do
      > $OUT/${t}_$r.txt 2>&1)
   echo "$t $r rc=$? ${SECONDS}s" >> $log
 done; done
-[[ ${COUNTERS:-1} == 1 ]] && (cd $R/abl4/${names[0]} && OUT=$OUT/ctr timeout 100 bash benchmarks/counters.sh logprobs_20:256 \
-   > $OUT/counters_${names[0]}.txt 2>&1)
-echo "counters rc=$? ${SECONDS}s" >> $log
+if [[ ${COUNTERS:-1} == 1 ]]; then
+  (cd $R/abl4/${names[0]} && OUT=$OUT/ctr timeout 100 bash benchmarks/counters.sh \
+     logprobs_20:256 > $OUT/counters_${names[0]}.txt 2>&1)
+  echo "counters rc=$? ${SECONDS}s" >> $log
+fi
 tar czf $OUT/0all.tgz -C $OUT --exclude=0all.tgz .
 cat $log
 for t in base "${names[@]}"; do echo "== $t"; grep -h "_kernel" $OUT/${t}_${ROUNDS:-3}.txt; done
-[[ ${COUNTERS:-1} == 1 ]] && grep -v "^\s*\[" $OUT/counters_${names[0]}.txt
+if [[ ${COUNTERS:-1} == 1 ]]; then grep -v "^\s*\[" $OUT/counters_${names[0]}.txt; fi
