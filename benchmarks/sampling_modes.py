@@ -29,6 +29,8 @@ MODES: dict[str, SamplingParams] = {
     "top_p_cold": SamplingParams(temperature=0.5, top_p=0.9, seed=8),
     # A warmer top-p: at temperature 1 the nucleus of `randn * 3` holds ~5000 tokens at V = 128256,
     # more than a pool of 128 per chunk holds (a flat row: early in a sentence, creative settings).
+    # Seed 9's row at batch 1 takes the deep draw, as about one warm row in ten does; the others
+    # cost a cold row's time or one count more (`benchmarks.warm_rows`, BENCHMARKS.md).
     "top_p_warm": SamplingParams(temperature=1.0, top_p=0.9, seed=9),
     "top_k_top_p": SamplingParams(temperature=TEMPERATURE, top_k=50, top_p=0.9, seed=4),
     "min_p": SamplingParams(temperature=TEMPERATURE, min_p=0.05, seed=5),
