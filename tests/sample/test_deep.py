@@ -9,8 +9,12 @@ otherwise."""
 import numpy as np
 import pytest
 import torch
+import triton
+import triton.language as tl
 
 from graphshard.sample import kernels as sampler, rng
+from graphshard.sample.candidates import PIVOTS, SORT_LIMIT
+from graphshard.sample.deep import DENSE, REACH, STEP, first_offsets
 from graphshard.sample.params import SamplingParams
 from graphshard.sample.reference import kept_mask
 from tests.sample.test_sampler import (DEVICE, NO_SLOW_PATHS, assert_same, full_bitmask,
@@ -142,3 +146,37 @@ def test_kept_winners_of_deep_nuclei_full_vocabulary(programs):
                                  finish_programs=programs)
     assert_same(records, layout, run_ref(b, K=0, vocab_size=vocab))
     assert_winners_checked(ws, 8)
+
+
+@triton.jit
+def _offsets_kernel(pool_x, pool_id, n_pool, start, out, CAP: tl.constexpr, TILE: tl.constexpr):
+    tl.store(out + tl.arange(0, PIVOTS), first_offsets(pool_x, pool_id, n_pool, 1.0, start, CAP,
+                                                       TILE))
+
+
+def _first_offsets(pool: np.ndarray, start: float, cap: int = 4096) -> np.ndarray:
+    pool_x = torch.zeros(cap, dtype=torch.int32, device=DEVICE)
+    pool_x[:pool.size] = torch.from_numpy(pool.astype(np.float32)).view(torch.int32).to(DEVICE)
+    pool_id = torch.arange(cap, dtype=torch.int32, device=DEVICE)
+    out = torch.zeros(PIVOTS.value, dtype=torch.float32, device=DEVICE)
+    _offsets_kernel[(1,)](pool_x, pool_id, pool.size, start, out, CAP=cap, TILE=1024)
+    return out.cpu().numpy()
+
+
+def test_first_pivots_follow_the_rows_density():
+    """The first weighing pass's pivots (`deep.first_offsets`) on a warm row's pool: they rise
+    from the pool's floor, reach REACH below it, and each of the DENSE intervals nearest the
+    floor holds at most what the copy sorts; a pool that gives no rate (empty, or every entry
+    one value) falls back to even steps of STEP."""
+    s = np.random.default_rng(0).standard_normal(152064) * 3.0  # temperature 1
+    ranked = np.sort(s)[::-1]
+    start = float(ranked[2099])
+    offsets = _first_offsets(ranked[:2400], start)
+    finite = PIVOTS.value - 1
+    assert offsets[0] == 0.0 and np.all(np.diff(offsets[:finite]) > 0)
+    assert offsets[finite - 1] == pytest.approx(REACH.value, abs=1e-5)
+    counts = [(s >= start - o).sum() for o in offsets[:DENSE.value]]
+    assert 0 < max(np.diff(counts)) <= SORT_LIMIT.value
+    even = np.arange(PIVOTS.value, dtype=np.float32) * np.float32(STEP.value)
+    np.testing.assert_array_equal(_first_offsets(ranked[:0], start), even)
+    np.testing.assert_array_equal(_first_offsets(np.full(100, start), start), even)
