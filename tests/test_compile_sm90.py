@@ -136,6 +136,7 @@ def report() -> list[dict]:
                     num_warps, tmp, ALIGNED, **options)))
             # A small batch's finish options (no register cap).
             options = sampler.finish_options(1, finish["PROGRAMS"], sampler.SCAN_BLOCK_SIZE)
+            finish["COUNT_TILES"] = sampler.count_tiles(options)
             num_warps = options.pop("num_warps")
             rows.append(dict(tag, **_compile(
                 sampler._finish_kernel, common, dict(shared, SMALL_BLOCK=512, **finish), num_warps,

@@ -373,6 +373,7 @@ def _finish_kernel(
     CAP: tl.constexpr, BLOCK: tl.constexpr, SMALL_BLOCK: tl.constexpr,
     PROGRAMS: tl.constexpr,
     PDL: tl.constexpr = False,  # as _scan_kernel
+    COUNT_TILES: tl.constexpr = 4,  # tiles a step of a count over the row (`count_tiles`)
 ):
     HAS_BITMASK: tl.constexpr = mask is not None
     SLICE: tl.constexpr = finish_slice(CAP, PROGRAMS)
@@ -398,7 +399,7 @@ def _finish_kernel(
         if PROGRAMS == 1:
             pool = (part, _take_pool(fill), pool_x, pool_id, stats)
             _settle_row(row, None, pool, top, records, draft_ptr, workspace, request, VOCAB, M, K,
-                        SPLITS, CAP, BLOCK, SMALL_BLOCK, HAS_BITMASK, NUCLEUS_WINNER)
+                        SPLITS, CAP, BLOCK, SMALL_BLOCK, HAS_BITMASK, NUCLEUS_WINNER, COUNT_TILES)
         else:
             # Only a top-p row without top-k and min-p may be split over the row's programs; the
             # first program settles any other row alone, and the others leave at once. One call
@@ -419,7 +420,7 @@ def _finish_kernel(
                 pool = (part, n_pool, pool_x, pool_id, stats)
                 _settle_row(row, drawn_before, pool, top, records, draft_ptr, workspace, request,
                             VOCAB, M, K, SPLITS, CAP, BLOCK, SMALL_BLOCK, HAS_BITMASK,
-                            NUCLEUS_WINNER)
+                            NUCLEUS_WINNER, COUNT_TILES)
 
 
 @triton.jit
@@ -436,7 +437,8 @@ def _take_pool(fill):
 def _settle_row(row, drawn_before, pool, top, records, draft_ptr, workspace, request,
                 VOCAB: tl.constexpr, M: tl.constexpr, K: tl.constexpr, SPLITS: tl.constexpr,
                 CAP: tl.constexpr, BLOCK: tl.constexpr, SMALL_BLOCK: tl.constexpr,
-                HAS_BITMASK: tl.constexpr, NUCLEUS_WINNER: tl.constexpr):
+                HAS_BITMASK: tl.constexpr, NUCLEUS_WINNER: tl.constexpr,
+                COUNT_TILES: tl.constexpr):
     """A row's token, logprobs and (its request's last row) record, in the one program of the
     finish that settles the row. `row`: the mask flag and `_row_inputs`' results (as
     `resolve.settle_token` takes them); `pool`: the row's (partials, pool count, pool logits,
@@ -450,7 +452,7 @@ def _settle_row(row, drawn_before, pool, top, records, draft_ptr, workspace, req
     SMALL_K: tl.constexpr = small_top_k(BLOCK)
     small_k = filtered & (top_k > 0) & (top_k <= SMALL_K)
     token = settle_token(pool, row, small_k, drawn_before, top, VOCAB, SPLITS, CAP, TILE, BLOCK,
-                         SMALL_BLOCK, HAS_BITMASK, RADIX_BITS, NUCLEUS_WINNER)
+                         SMALL_BLOCK, HAS_BITMASK, RADIX_BITS, NUCLEUS_WINNER, COUNT_TILES)
     records_ptr, records_stride = records
     rec_ptr = records_ptr + req.to(tl.int64) * records_stride
     if K > 0:
@@ -461,7 +463,7 @@ def _settle_row(row, drawn_before, pool, top, records, draft_ptr, workspace, req
             if HAS_BITMASK:
                 at_max = at_max & (mask_on == 0)  # a constant True without a step flag
             settle_logprobs(pool, top, rec_ptr, row_ptr, r, token, at_max, num_logprobs, VOCAB,
-                            M, K, SPLITS, CAP, TILE, BLOCK, SMALL_BLOCK)
+                            M, K, SPLITS, CAP, TILE, BLOCK, SMALL_BLOCK, COUNT_TILES)
     if M == 1:
         assemble_record(rec_ptr, token, has_nan(part, SPLITS), 0, num_logprobs, M, K)
     else:
@@ -587,6 +589,15 @@ def finish_options(grid_rows: int, programs: int, block: int) -> dict:
     return options
 
 
+def count_tiles(options: dict) -> int:
+    """Tiles a step of the finish's counts over a row (`resolve.count_row`): four, all loaded
+    before any is counted, except in a finish held to FINISH_REGISTERS. On an H100 a row's count
+    at V = 152064 fp32 took ~23 µs against ~39 with one tile a step; the held finish's code,
+    which no row of those batches counts, made its logprob rows ~1 µs slower at batch 1024 with
+    four (BENCHMARKS.md), so it keeps one."""
+    return 1 if "maxnreg" in options else 4
+
+
 def _finish_programs(grid_rows: int, splits: int, cap: int, vocab_size: int,
                      override: int | None) -> int:
     """Programs per row of the finish (each weighs `finish_slice` pool entries)."""
@@ -696,8 +707,9 @@ def sample(logits: torch.Tensor, *, vocab_size: int, num_reqs: torch.Tensor,
         # The variant for steps whose flag is off (see `_scan_kernel`).
         launch(_scan_kernel, scan_grid, logits_arg, *batch, None, 0, bitmask_enabled,
                *buffers_arg, **scan_sizes, **dependent, **scan_options(False, chunk_block))
+    options = finish_options(max_num_reqs * m, programs, chunk_block)
     launch(_finish_kernel, (max_num_reqs * m, programs), logits_arg, *batch, mask,
            bitmask_stride, bitmask_enabled, *buffers_arg,
            (records, records.stride(0)), draft_tokens, **sizes, **dependent,
            SMALL_BLOCK=min(block, SMALL_BLOCK_SIZE), PROGRAMS=programs,
-           **finish_options(max_num_reqs * m, programs, chunk_block))
+           COUNT_TILES=count_tiles(options), **options)

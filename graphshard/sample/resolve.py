@@ -54,23 +54,43 @@ def softmax_mass(part_ptr, MAX: tl.constexpr, SUM: tl.constexpr, row_max, scale,
 
 @triton.jit
 def count_row(row_ptr, mask_row_ptr, mask_on, VOCAB: tl.constexpr, inv_temp, v_s, max_s, v_r,
-              BLOCK: tl.constexpr, HAS_BITMASK: tl.constexpr):
+              BLOCK: tl.constexpr, HAS_BITMASK: tl.constexpr, TILES: tl.constexpr):
     """Whole-row counts: allowed finite scores above v_s, their sum exp(s - max_s), and raw
-    logits above v_r."""
+    logits above v_r. TILES tiles a step (1 or 4), all loaded before any is counted: one
+    program's pass waits on each step's loads, so four keep four times the bytes in flight
+    (a row's count at V = 152064 fp32: ~39 -> ~23 µs on an H100, BENCHMARKS.md). Each lane
+    sums its tiles in column order either way, so the sums round alike."""
     lanes = tl.arange(0, BLOCK)
-    cnt_s = tl.zeros([BLOCK], tl.int32)
-    mass_s = tl.zeros([BLOCK], tl.float32)
-    cnt_r = tl.zeros([BLOCK], tl.int32)
-    for start in range(0, VOCAB, BLOCK):
-        offs = start + lanes
-        x, is_nan, raw, allowed = load_masked(row_ptr, mask_row_ptr, mask_on, offs, VOCAB,
-                                              HAS_BITMASK)
-        s = x * inv_temp
-        above = (x > float("-inf")) & (s > v_s)
-        cnt_s += above.to(tl.int32)
-        mass_s += tl.where(above, tl.exp(s - max_s), 0.0)
-        cnt_r += (raw > v_r).to(tl.int32)
+    acc = (tl.zeros([BLOCK], tl.int32), tl.zeros([BLOCK], tl.float32), tl.zeros([BLOCK], tl.int32))
+    if TILES == 1:
+        for start in range(0, VOCAB, BLOCK):
+            a = load_masked(row_ptr, mask_row_ptr, mask_on, start + lanes, VOCAB, HAS_BITMASK)
+            acc = _count_tile(a[0], a[2], inv_temp, v_s, max_s, v_r, acc)
+    else:
+        tl.static_assert(TILES == 4, "count_row takes 1 or 4 tiles a step")
+        for start in range(0, VOCAB, 4 * BLOCK):
+            a = load_masked(row_ptr, mask_row_ptr, mask_on, start + lanes, VOCAB, HAS_BITMASK)
+            b = load_masked(row_ptr, mask_row_ptr, mask_on, start + BLOCK + lanes, VOCAB,
+                            HAS_BITMASK)
+            c = load_masked(row_ptr, mask_row_ptr, mask_on, start + 2 * BLOCK + lanes, VOCAB,
+                            HAS_BITMASK)
+            d = load_masked(row_ptr, mask_row_ptr, mask_on, start + 3 * BLOCK + lanes, VOCAB,
+                            HAS_BITMASK)
+            acc = _count_tile(a[0], a[2], inv_temp, v_s, max_s, v_r, acc)
+            acc = _count_tile(b[0], b[2], inv_temp, v_s, max_s, v_r, acc)
+            acc = _count_tile(c[0], c[2], inv_temp, v_s, max_s, v_r, acc)
+            acc = _count_tile(d[0], d[2], inv_temp, v_s, max_s, v_r, acc)
+    cnt_s, mass_s, cnt_r = acc
     return tl.sum(cnt_s, axis=0), tl.sum(mass_s, axis=0), tl.sum(cnt_r, axis=0)
+
+
+@triton.jit
+def _count_tile(x, raw, inv_temp, v_s, max_s, v_r, acc):
+    cnt_s, mass_s, cnt_r = acc
+    s = x * inv_temp
+    above = (x > float("-inf")) & (s > v_s)
+    return (cnt_s + above.to(tl.int32), mass_s + tl.where(above, tl.exp(s - max_s), 0.0),
+            cnt_r + (raw > v_r).to(tl.int32))
 
 
 @triton.jit
@@ -99,7 +119,7 @@ def store_logprobs(rec_ptr, r, ids, vals, token_logprob, rank, num, M: tl.conste
 def settle_token(pool, row, small_k, drawn_before, scratch, VOCAB: tl.constexpr,
                  SPLITS: tl.constexpr, CAP: tl.constexpr, TILE: tl.constexpr, BLOCK: tl.constexpr,
                  SMALL_BLOCK: tl.constexpr, HAS_BITMASK: tl.constexpr, RADIX_BITS: tl.constexpr,
-                 NUCLEUS_WINNER: tl.constexpr):
+                 NUCLEUS_WINNER: tl.constexpr, COUNT_TILES: tl.constexpr):
     """The row's token: greedy argmax, unfiltered Gumbel winner, or the filtered draw. `pool` is
     the row's (partials, pool count, pool logits, pool ids, stats); `row` (logits row, bitmask
     row, mask flag, RNG key, 1 / temperature, top_k, top_p, min_p, logprobs, random, filtered);
@@ -172,7 +192,7 @@ def settle_token(pool, row, small_k, drawn_before, scratch, VOCAB: tl.constexpr,
                     else:
                         above, mass, _r = count_row(row_ptr, mask_row_ptr, mask_on, VOCAB,
                                                     inv_temp, v_s, max_s, float("inf"), BLOCK,
-                                                    HAS_BITMASK)
+                                                    HAS_BITMASK, COUNT_TILES)
                         tl.atomic_add(stats + STAT_COUNTS, 1, sem="relaxed")
                         use_top_k = (top_k > 0) & (top_k < VOCAB)
                         whole_row = ~((~use_top_k | (above < top_k))
@@ -278,7 +298,8 @@ def searched_thresholds(pool_x, pool_id, n_cand, whole, all_in, below, norm, inv
 @triton.jit
 def settle_logprobs(pool, top, rec_ptr, row_ptr, r, token, at_max, num, VOCAB: tl.constexpr,
                     M: tl.constexpr, K: tl.constexpr, SPLITS: tl.constexpr, CAP: tl.constexpr,
-                    TILE: tl.constexpr, BLOCK: tl.constexpr, SMALL_BLOCK: tl.constexpr):
+                    TILE: tl.constexpr, BLOCK: tl.constexpr, SMALL_BLOCK: tl.constexpr,
+                    COUNT_TILES: tl.constexpr):
     """Row r's logprob fields: the top-K list and the token's logprob from the pool when it
     holds every token they need, its rank when the token lies above every floor; whole-row
     passes for what the pool cannot prove. `at_max`: the token is the row's largest raw logit
@@ -289,14 +310,15 @@ def settle_logprobs(pool, top, rec_ptr, row_ptr, r, token, at_max, num, VOCAB: t
         store_logprobs(rec_ptr, r, ids, vals, token_logprob, rank, num, M, K)
     else:
         _settle_logprobs_from_pool(pool, top, rec_ptr, row_ptr, r, token, at_max, num, VOCAB,
-                                   M, K, SPLITS, CAP, TILE, BLOCK, SMALL_BLOCK)
+                                   M, K, SPLITS, CAP, TILE, BLOCK, SMALL_BLOCK, COUNT_TILES)
 
 
 @triton.jit
 def _settle_logprobs_from_pool(pool, top, rec_ptr, row_ptr, r, token, at_max, num,
                                VOCAB: tl.constexpr, M: tl.constexpr, K: tl.constexpr,
                                SPLITS: tl.constexpr, CAP: tl.constexpr, TILE: tl.constexpr,
-                               BLOCK: tl.constexpr, SMALL_BLOCK: tl.constexpr):
+                               BLOCK: tl.constexpr, SMALL_BLOCK: tl.constexpr,
+                               COUNT_TILES: tl.constexpr):
     K_P: tl.constexpr = padded(K)
     part, n_pool, pool_x, pool_id, stats = pool
     n_cand = tl.maximum(tl.minimum(n_pool, CAP), 0)
@@ -330,7 +352,7 @@ def _settle_logprobs_from_pool(pool, top, rec_ptr, row_ptr, r, token, at_max, nu
             rank = 1 + count_raw_above(pool_x, pool_id, n_cand, tok_x, CAP, TILE)
         else:
             rank = 1 + count_row(row_ptr, row_ptr, False, VOCAB, 1.0, float("inf"), 0.0, tok_x,
-                                 BLOCK, False)[2]
+                                 BLOCK, False, COUNT_TILES)[2]
             tl.atomic_add(stats + STAT_COUNTS, 1, sem="relaxed")
         store_logprobs(rec_ptr, r, ids, vals, tok_x - lse, rank, num, M, K)
     else:

@@ -14,9 +14,9 @@ import triton.language as tl
 from graphshard.runtime.launch import compiles_kernels, launch, specialization_key
 
 PACKAGE = Path(__file__).resolve().parents[2] / "graphshard"
-# The finish kernel has the most: the scan's inputs, its records and drafts, seven sizes and
-# whether it is launched as a programmatic dependent.
-MAX_PARAMETERS = 21
+# The finish kernel has the most: the scan's inputs, its records and drafts, seven sizes,
+# whether it is launched as a programmatic dependent, and the tiles a step of its row counts.
+MAX_PARAMETERS = 22
 
 
 @triton.jit(do_not_specialize=["n", "pair"], do_not_specialize_on_alignment=["a_ptr", "pair"])
@@ -63,7 +63,7 @@ def _parameter_counts():
                        len(args.posonlyargs) + len(args.args) + len(args.kwonlyargs))
 
 
-def test_no_kernel_or_function_takes_more_than_twenty_one_parameters():
+def test_no_kernel_or_function_takes_more_than_twenty_two_parameters():
     counts = dict(_parameter_counts())
     assert len(counts) > 100  # the scan found the package
     assert {name: n for name, n in counts.items() if n > MAX_PARAMETERS} == {}

@@ -832,6 +832,10 @@ def test_finish_registers_capped_for_large_one_program_grids():
     # Rows split over programs, and 4-warp finishes (small tiles), keep every register.
     assert "maxnreg" not in sampler.finish_options(rows, 2, 1024)
     assert sampler.finish_options(rows, 1, 512) == dict(num_warps=4, **sampler.NO_FMA)
+    # Only the held finish counts a row one tile a step.
+    assert sampler.count_tiles(sampler.finish_options(rows, 1, 1024)) == 1
+    assert sampler.count_tiles(sampler.finish_options(rows - 1, 1, 1024)) == 4
+    assert sampler.count_tiles(sampler.finish_options(rows, 2, 1024)) == 4
 
 
 def test_bitmask_row_stride_does_not_specialise(monkeypatch):
