@@ -1,7 +1,8 @@
 # Sourced by this folder's device-call scripts: OUT made absolute, the repository root as the
 # working directory (R), the collective library settings every process keeps, the Triton cache
 # CACHE (a folder of the root, carried into the call) relocated to where it now lies, the GPU
-# and the relocation logged to $OUT/0_log.txt ($log), and SECONDS started.
+# and the relocation logged to $OUT/0_log.txt ($log), and SECONDS started. Also three helpers:
+# `test_shards`, `warm_rows` and `close_call`.
 set -u
 OUT=$(mkdir -p "${OUT:?set OUT}" && cd "$OUT" && pwd) || exit 2
 cd "$(dirname "${BASH_SOURCE[0]}")/../.."
@@ -12,3 +13,37 @@ log=$OUT/0_log.txt
 nvidia-smi --query-gpu=name,uuid,clocks.sm,clocks.mem --format=csv > "$log" 2>&1
 python3 -m benchmarks.prebuild --relocate >> "$log" 2>&1
 SECONDS=0
+
+# test_shards SECONDS SHARD...: each shard ("FILES_OR_NODE_IDS[ -k EXPRESSION]") a pytest
+# process of its own, in the background, into $OUT/tests_<n>.txt. They compile their own
+# variants into .triton_cache_tests, one core a process, while the timed parts run.
+test_shards() {
+  local limit=$1 i=0 shard files k
+  shift
+  for shard in "$@"; do
+    files=${shard%% -k *} k=
+    [[ $shard == *" -k "* ]] && k=${shard#* -k }
+    TRITON_CACHE_DIR=$R/.triton_cache_tests timeout -k 5 "$limit" python3 -m pytest -q -rs \
+      -p no:cacheprovider $files ${k:+-k "$k"} > "$OUT/tests_$i.txt" 2>&1 &
+    i=$((i + 1))
+  done
+}
+
+# warm_rows DIR NAME VOCAB DTYPE SEEDS [SUFFIX]: `benchmarks.warm_rows` in the tree DIR, into
+# $OUT/warm_<NAME>_<VOCAB><SUFFIX>.json and .txt, logged.
+warm_rows() {
+  local name=$OUT/warm_$2_$3${6:-}
+  (cd "$1" && timeout 60 python3 -m benchmarks.warm_rows --vocab "$3" --dtype "$4" --seeds "$5" \
+     --out "$name.json" > "$name.txt" 2>&1)
+  echo "warm $2 $3${6:-} rc=$? ${SECONDS}s" >> "$log"
+}
+
+# close_call: wait for the test shards, log their summaries, put every file of $OUT into
+# $OUT/0all.tgz (a call brings back only a few files) and print the log.
+close_call() {
+  wait
+  grep -H -E "passed|failed|error" "$OUT"/tests_*.txt 2>/dev/null | grep -v "::" >> "$log"
+  echo "tests ${SECONDS}s" >> "$log"
+  tar czf "$OUT/0all.tgz" -C "$OUT" --exclude=0all.tgz .
+  cat "$log"
+}

@@ -12,38 +12,21 @@
 CACHE=${CACHE:-.triton_cache_p} source "$(dirname "$0")/call_setup.sh"
 new=${NEW:-cnt}
 tests=${TESTS:-tests/sample/test_deep.py::test_kept_winners_of_deep_nuclei_full_vocabulary;tests/gpu/test_sampler_gpu.py::test_kept_winners_of_deep_nuclei_full_vocabulary;tests/gpu/test_sampler_gpu.py::test_temperature_logprobs_full_vocabulary}
-i=0
 IFS=';' read -ra shards <<< "$tests"
-for shard in "${shards[@]}"; do
-  TRITON_CACHE_DIR=$R/.triton_cache_tests timeout -k 5 400 python3 -m pytest -q -rs \
-    -p no:cacheprovider $shard > $OUT/tests_$i.txt 2>&1 &
-  i=$((i + 1))
-done
+test_shards 400 "${shards[@]}"
 OUT=$OUT/ab ROUNDS=2 WARM=0 timeout 300 bash benchmarks/ab_trees.sh abl7/base abl7/$new -- \
   --vocab 152064 --dtype float32 --modes top_p_warm,top_p,top_k_top_p,greedy,logprobs_20,min_p \
   --batches 1,32,256,1024 --k 20 --no-step --pdl > $OUT/ab.txt 2>&1
 echo "ab_trees rc=$? ${SECONDS}s" >> $log
 for r in 1 2; do
   order="base $new"; [[ $r == 2 ]] && order="$new base"
-  for t in $order; do
-    (cd $R/abl7/$t && timeout 60 python3 -m benchmarks.warm_rows --seeds 9-300 \
-       --out $OUT/warm_${t}_152064_$r.json > $OUT/warm_${t}_152064_$r.txt 2>&1)
-    echo "warm $t 152064 $r rc=$? ${SECONDS}s" >> $log
-  done
+  for t in $order; do warm_rows $R/abl7/$t $t 152064 float32 9-300 _$r; done
 done
 for t in base $new; do
-  for shape in 128256:bfloat16 32000:bfloat16; do
-    (cd $R/abl7/$t && timeout 60 python3 -m benchmarks.warm_rows --vocab ${shape%%:*} \
-       --dtype ${shape##*:} --seeds 9-200 --out $OUT/warm_${t}_${shape%%:*}.json \
-       > $OUT/warm_${t}_${shape%%:*}.txt 2>&1)
-    echo "warm $t $shape rc=$? ${SECONDS}s" >> $log
-  done
+  warm_rows $R/abl7/$t $t 128256 bfloat16 9-200
+  warm_rows $R/abl7/$t $t 32000 bfloat16 9-200
 done
-wait
-grep -H -E "passed|failed|error" $OUT/tests_*.txt | grep -v "::" >> $log
-echo "tests ${SECONDS}s" >> $log
-tar czf $OUT/0all.tgz -C $OUT --exclude=0all.tgz .
-cat $log
+close_call
 cat $OUT/ab.txt | tail -30
 for t in base $new; do echo "== $t"; tail -2 $OUT/warm_${t}_152064_2.txt; tail -2 $OUT/warm_${t}_128256.txt; \
   tail -2 $OUT/warm_${t}_32000.txt; done

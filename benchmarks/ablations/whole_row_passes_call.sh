@@ -12,35 +12,20 @@
 # Usage: OUT=dir bash benchmarks/ablations/whole_row_passes_call.sh
 CACHE=.triton_cache_p source "$(dirname "$0")/call_setup.sh"
 tree() { [[ $1 == two ]] && echo $R || echo $R/abl7/$1; }
-i=0
-for shard in "tests/sample/test_deep.py::test_deep_nucleus_rows_equal_the_reference" \
-    "tests/sample/test_deep.py::test_deep_nucleus_with_bitmask_and_logprobs" \
-    "tests/sample/test_deep.py::test_kept_winners_of_deep_nuclei_full_vocabulary" \
-    "tests/gpu/test_sampler_gpu.py::test_deep_nucleus_full_vocabulary" \
-    "tests/gpu/test_sampler_gpu.py::test_kept_winners_of_deep_nuclei_full_vocabulary" \
-    "tests/gpu/test_sampler_gpu.py -k split_nucleus or temperature_logprobs" \
-    "tests/gpu/test_sampler_gpu.py -k adversarial" "tests/sample/test_rows.py"; do
-  files=${shard%% -k *} k=
-  [[ $shard == *" -k "* ]] && k=${shard#* -k }
-  TRITON_CACHE_DIR=$R/.triton_cache_tests timeout -k 5 480 python3 -m pytest -q -rs \
-    -p no:cacheprovider $files ${k:+-k "$k"} > $OUT/tests_$i.txt 2>&1 &
-  i=$((i + 1))
-done
+test_shards 480 "tests/sample/test_deep.py::test_deep_nucleus_rows_equal_the_reference" \
+  "tests/sample/test_deep.py::test_deep_nucleus_with_bitmask_and_logprobs" \
+  "tests/sample/test_deep.py::test_kept_winners_of_deep_nuclei_full_vocabulary" \
+  "tests/gpu/test_sampler_gpu.py::test_deep_nucleus_full_vocabulary" \
+  "tests/gpu/test_sampler_gpu.py::test_kept_winners_of_deep_nuclei_full_vocabulary" \
+  "tests/gpu/test_sampler_gpu.py -k split_nucleus or temperature_logprobs" \
+  "tests/gpu/test_sampler_gpu.py -k adversarial" "tests/sample/test_rows.py"
 for r in 1 2; do
   order="base two four"; [[ $r == 2 ]] && order="four two base"
-  for t in $order; do
-    (cd $(tree $t) && timeout 60 python3 -m benchmarks.warm_rows --seeds 9-300 \
-       --out $OUT/warm_${t}_152064_$r.json > $OUT/warm_${t}_152064_$r.txt 2>&1)
-    echo "warm $t 152064 $r rc=$? ${SECONDS}s" >> $log
-  done
+  for t in $order; do warm_rows $(tree $t) $t 152064 float32 9-300 _$r; done
 done
 for t in base two four; do
-  for shape in 128256:bfloat16 32000:bfloat16; do
-    (cd $(tree $t) && timeout 60 python3 -m benchmarks.warm_rows --vocab ${shape%%:*} \
-       --dtype ${shape##*:} --seeds 9-200 --out $OUT/warm_${t}_${shape%%:*}.json \
-       > $OUT/warm_${t}_${shape%%:*}.txt 2>&1)
-    echo "warm $t $shape rc=$? ${SECONDS}s" >> $log
-  done
+  warm_rows $(tree $t) $t 128256 bfloat16 9-200
+  warm_rows $(tree $t) $t 32000 bfloat16 9-200
 done
 A="--vocab 152064 --dtype float32 --modes top_p_warm,top_p,top_k_top_p,greedy,logprobs_20 --batches 1,32,256 --k 20 --no-step --pdl"
 for r in 1 2; do
@@ -51,10 +36,6 @@ for r in 1 2; do
     echo "kern $t $r rc=$? ${SECONDS}s" >> $log
   done
 done
-wait
-grep -H -E "passed|failed|error" $OUT/tests_*.txt | grep -v "::" >> $log
-echo "tests ${SECONDS}s" >> $log
-tar czf $OUT/0all.tgz -C $OUT --exclude=0all.tgz .
-cat $log
+close_call
 for t in base two four; do echo "== $t"; tail -2 $OUT/warm_${t}_152064_2.txt; tail -2 $OUT/warm_${t}_128256.txt; \
   tail -2 $OUT/warm_${t}_32000.txt; grep -h "_kernel\|paths" $OUT/kern_${t}_2.txt | head -40; done
