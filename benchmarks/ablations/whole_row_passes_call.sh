@@ -5,9 +5,9 @@
 # whose small-batch finish without bitmask support is held to 128 registers) against the code
 # (abl7/base). The compiled sampler tests of the working tree run alongside (they compile their
 # own variants on other cores, one shard a process): tests/sample/test_deep.py, test_rows.py
-# and the deep, split, logprob and adversarial cases of tests/gpu/test_sampler_gpu.py. Then, trees alternating,
-# `benchmarks.warm_rows` at the three shapes and two rounds of `profile_kernels` (top_p_warm
-# and four control modes at batches 1, 32 and 256, 152064 fp32). Carry [".triton_cache_p",
+# and the deep, split, logprob and adversarial cases of tests/gpu/test_sampler_gpu.py. Then,
+# trees alternating, `benchmarks.warm_rows` at the three shapes and two rounds of
+# `profile_kernels` (top_p_warm and four control modes at batches 1, 32 and 256, 152064 fp32). Carry [".triton_cache_p",
 # "abl7"], built as benchmarks/ablations/README.md says.
 # Usage: OUT=dir bash benchmarks/ablations/whole_row_passes_call.sh
 CACHE=.triton_cache_p source "$(dirname "$0")/call_setup.sh"

@@ -11,6 +11,7 @@ import torch
 import triton
 import triton.language as tl
 
+from graphshard.harness.workload import bitmask_from_allowed
 from graphshard.sample.resolve import count_row
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
@@ -45,11 +46,9 @@ def test_four_tiles_a_step_count_as_one(bitmask):
     x[rs.choice(vocab, 40, replace=False)] = -np.inf
     x[rs.choice(vocab, 5, replace=False)] = np.nan
     allowed = rs.random(vocab) < 0.7 if bitmask else np.ones(vocab, bool)
-    bits = np.zeros(-(-vocab // 32) * 32, np.int64)
-    bits[:vocab] = allowed
-    words = (bits.reshape(-1, 32) << np.arange(32)).sum(axis=1).astype(np.uint32).view(np.int32)
     row = torch.from_numpy(x).to(DEVICE)
-    mask = torch.from_numpy(words.copy()).to(DEVICE) if bitmask else None
+    words = bitmask_from_allowed(np.flatnonzero(allowed), vocab)
+    mask = torch.from_numpy(words).to(DEVICE) if bitmask else None
     inv_temp, v_s, v_r = 1 / 0.7, 2.0, 1.5
     s = np.where(np.isnan(x) | ~allowed, -np.inf, x.astype(np.float64) * inv_temp)
     max_s = float(s.max())
