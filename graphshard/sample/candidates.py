@@ -31,6 +31,9 @@ SHORT_POOL = tl.constexpr(256)
 # The nucleus search (`search_mass`): pivots of its first pass, and the most entries between
 # two pivots it sorts (it uses that much of the pool's unused tail as scratch).
 PIVOTS = tl.constexpr(16)
+# Scratch words per program of a row's finish split over several programs (`nucleus`,
+# `deep_split`): per interval between two pivots its mass, count, best Gumbel score and its id.
+STAT_WORDS = tl.constexpr(4 * PIVOTS)
 SORT_LIMIT = tl.constexpr(1024)
 # Pools this short take a sort of 64 entries. (Cutting larger pools down to it with
 # `select_above` was timed on an H200 and did not pay: BENCHMARKS.md.)

@@ -59,25 +59,33 @@ REACH = tl.constexpr(3.5)
 
 @triton.jit
 def draw_deep_nucleus(row_ptr, mask_row_ptr, mask_on, pool_x, pool_id, n_pool, counter_ptr,
-                      VOCAB: tl.constexpr, key, inv_temp, max_s, start, target,
+                      VOCAB: tl.constexpr, key, inv_temp, max_s, start, target, first,
                       CAP: tl.constexpr, BLOCK: tl.constexpr, HAS_BITMASK: tl.constexpr):
     """-> (settled, token) of a top-p row (no top-k, no min-p) with a finite maximum score
     `max_s`. `start`: the first pivot (the best score an uncaptured token can have); `target`:
     top_p times the row's norm. Scratch: the pool's entries past `n_pool`, and one int32 word
-    at `counter_ptr`."""
+    at `counter_ptr`. `first`: (known, lo, hi, carry, above, n_in, best_z, best_id), the first
+    round's interval when the row's finish programs weighed it together (`deep_split`), with
+    the Gumbel-max winner of the scores >= hi; when not `known`, this program weighs it."""
     at = tl.arange(0, PIVOTS)
     base = tl.maximum(tl.minimum(n_pool, CAP), 0)
     limit = tl.minimum(CAP - base, SORT_LIMIT)
+    known, lo, hi, carry, above, n_in, known_z, known_id = first
     # The interval [lo, hi) that holds the threshold, the mass and count at or above hi.
-    hi = tl.full((), float("inf"), tl.float32)
-    carry = tl.zeros((), tl.float32)
-    above = tl.zeros((), tl.int32)
-    top = start
-    step = tl.full((), STEP, tl.float32)
-    lo = hi
-    n_in = tl.full((), 2147483647, tl.int32)
+    step = tl.where(lo > float("-inf"), (hi - lo) / (PIVOTS - 1), STEP)
+    top = hi - step
+    offsets = at.to(tl.float32) * step
     ok = (start > float("-inf")) & (start <= max_s) & (limit > 0)
-    offsets = first_offsets(pool_x, pool_id, n_pool, inv_temp, start, CAP, BLOCK)
+    if ~known:
+        hi = tl.full((), float("inf"), tl.float32)
+        carry = tl.zeros((), tl.float32)
+        above = tl.zeros((), tl.int32)
+        top = start
+        step = tl.full((), STEP, tl.float32)
+        lo = hi
+        n_in = tl.full((), 2147483647, tl.int32)
+        offsets = first_offsets(pool_x, pool_id, n_pool, inv_temp, start, CAP, BLOCK)
+    rounds = tl.zeros((), tl.int32)
     for _ in range(ROUNDS):
         if ok & (n_in > limit):
             # PIVOTS - 1 finite pivots from `top` down, the last at -inf: some pivot reaches
@@ -104,14 +112,21 @@ def draw_deep_nucleus(row_ptr, mask_row_ptr, mask_on, pool_x, pool_id, n_pool, c
             step = tl.where(lo > float("-inf"), (hi - lo) / (PIVOTS - 1), step)
             top = hi - step
             offsets = at.to(tl.float32) * step
+            rounds += 1
     settled = ok & (n_in <= limit) & (n_in > 0)
     token = tl.zeros((), tl.int32)
     if settled:
         tl.store(counter_ptr, 0)
         tl.debug_barrier()
-        win_z, win_id = race_and_copy(row_ptr, mask_row_ptr, mask_on, VOCAB, key, inv_temp, lo,
-                                      hi, pool_x + base, pool_id + base, counter_ptr, limit,
-                                      BLOCK, HAS_BITMASK)
+        if known & (rounds == 0):
+            # The row's programs drew the winner above the interval: a copy without the RNG.
+            win_z, win_id = known_z, known_id
+            copy_interval(row_ptr, mask_row_ptr, mask_on, VOCAB, inv_temp, lo, hi,
+                          pool_x + base, pool_id + base, counter_ptr, limit, BLOCK, HAS_BITMASK)
+        else:
+            win_z, win_id = race_and_copy(row_ptr, mask_row_ptr, mask_on, VOCAB, key, inv_temp,
+                                          lo, hi, pool_x + base, pool_id + base, counter_ptr,
+                                          limit, BLOCK, HAS_BITMASK)
         tl.debug_barrier()  # the copies came from every thread
         copied = tl.atomic_or(counter_ptr, 0, sem="relaxed")
         settled = copied == n_in
@@ -122,6 +137,14 @@ def draw_deep_nucleus(row_ptr, mask_row_ptr, mask_on, pool_x, pool_id, n_pool, c
             token = tl.where(better, z_id, win_id)
             settled = tl.maximum(z, win_z) > float("-inf")
     return settled, token
+
+
+@triton.jit
+def no_interval():
+    """`draw_deep_nucleus`'s `first` when no first round was weighed before it."""
+    zero = tl.zeros((), tl.float32)
+    none = tl.zeros((), tl.int32)
+    return none != none, zero, zero, zero, none, none, zero, none
 
 
 @triton.jit
@@ -207,13 +230,38 @@ def race_and_copy(row_ptr, mask_row_ptr, mask_on, VOCAB: tl.constexpr, key, inv_
         better = z > best_z
         best_id = tl.where(better, offs, best_id)
         best_z = tl.where(better, z, best_z)
-        take = finite & (s >= lo) & (s < hi)
-        pos = tl.atomic_add(counter_ptr + tl.zeros_like(offs), 1, mask=take, sem="relaxed")
-        keep = take & (pos < limit)
-        tl.store(dest_x + pos, x.to(tl.int32, bitcast=True), mask=keep)
-        tl.store(dest_id + pos, offs, mask=keep)
+        _copy_tile(x, offs, inv_temp, lo, hi, dest_x, dest_id, counter_ptr, limit)
     top_z = tl.max(best_z, axis=0)
     return top_z, tl.min(tl.where(best_z == top_z, best_id, _NO_ID), axis=0)
+
+
+@triton.jit
+def copy_interval(row_ptr, mask_row_ptr, mask_on, VOCAB: tl.constexpr, inv_temp, lo, hi, dest_x,
+                  dest_id, counter_ptr, limit, BLOCK: tl.constexpr, HAS_BITMASK: tl.constexpr):
+    """`race_and_copy`'s copy alone, four tiles a step all loaded before any is copied: without
+    the RNG one program's pass waits on loads, as a count over the row does."""
+    lanes = tl.arange(0, BLOCK)
+    for begin in range(0, VOCAB, 4 * BLOCK):
+        a = begin + lanes
+        x_a = load_masked(row_ptr, mask_row_ptr, mask_on, a, VOCAB, HAS_BITMASK)[0]
+        x_b = load_masked(row_ptr, mask_row_ptr, mask_on, a + BLOCK, VOCAB, HAS_BITMASK)[0]
+        x_c = load_masked(row_ptr, mask_row_ptr, mask_on, a + 2 * BLOCK, VOCAB, HAS_BITMASK)[0]
+        x_d = load_masked(row_ptr, mask_row_ptr, mask_on, a + 3 * BLOCK, VOCAB, HAS_BITMASK)[0]
+        _copy_tile(x_a, a, inv_temp, lo, hi, dest_x, dest_id, counter_ptr, limit)
+        _copy_tile(x_b, a + BLOCK, inv_temp, lo, hi, dest_x, dest_id, counter_ptr, limit)
+        _copy_tile(x_c, a + 2 * BLOCK, inv_temp, lo, hi, dest_x, dest_id, counter_ptr, limit)
+        _copy_tile(x_d, a + 3 * BLOCK, inv_temp, lo, hi, dest_x, dest_id, counter_ptr, limit)
+
+
+@triton.jit
+def _copy_tile(x, offs, inv_temp, lo, hi, dest_x, dest_id, counter_ptr, limit):
+    """Append the tile's allowed finite scores in [lo, hi) to dest (the first `limit`)."""
+    s = x * inv_temp
+    take = (x > float("-inf")) & (s >= lo) & (s < hi)
+    pos = tl.atomic_add(counter_ptr + tl.zeros_like(offs), 1, mask=take, sem="relaxed")
+    keep = take & (pos < limit)
+    tl.store(dest_x + pos, x.to(tl.int32, bitcast=True), mask=keep)
+    tl.store(dest_id + pos, offs, mask=keep)
 
 
 @triton.jit

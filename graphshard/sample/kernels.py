@@ -89,8 +89,9 @@ from graphshard.runtime.launch import check_int32_vector, launch
 from graphshard.runtime.pdl import check_pdl, pdl_options, follow_producer
 from graphshard.sample.params import SLOT_WIDTH, SlotTables
 from graphshard.sample.records import RecordLayout
-from graphshard.sample.nucleus import (COUNT_BITS, MAX_PROGRAMS, STAT_WORDS, close_pool,
-                                       split_nucleus)
+from graphshard.sample.candidates import STAT_WORDS
+from graphshard.sample.deep import no_interval
+from graphshard.sample.nucleus import COUNT_BITS, MAX_PROGRAMS, close_pool, split_nucleus
 from graphshard.sample.assemble import arrive, assemble_drafts, assemble_record
 from graphshard.sample.resolve import has_nan, settle_logprobs, settle_token
 from graphshard.sample.rows import top_p_only, uses_filters
@@ -409,11 +410,12 @@ def _finish_kernel(
             n_pool = tl.zeros((), tl.int32)
             settles = tl.program_id(1) == 0
             no = tl.program_id(1) < 0
-            drawn_before = (no, no, n_pool)
+            drawn_before = (no, no, n_pool, no_interval())
             if nucleus:
                 n_pool, settles, drawn_before = split_nucleus(fill, part, pool_x, pool_id, hot,
-                                                              stats, key, inv_temp, top_p, SPLITS,
-                                                              PROGRAMS, SLICE)
+                                                              stats, row, VOCAB, SPLITS, PROGRAMS,
+                                                              SLICE, CAP, SMALL_BLOCK,
+                                                              HAS_BITMASK)
             elif settles:
                 n_pool = _take_pool(fill)
             if settles:

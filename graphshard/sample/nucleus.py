@@ -24,17 +24,18 @@ import triton
 import triton.language as tl
 
 from graphshard.sample import rng
-from graphshard.sample.candidates import (PIVOTS, SHORT_POOL, floor_score, mass_pivots,
-                                          mass_threshold)
+from graphshard.sample.candidates import (PIVOTS, SHORT_POOL, STAT_WORDS, floor_score,
+                                          mass_pivots, mass_threshold)
 from graphshard.sample.floors import ID_BITS
+from graphshard.sample.deep import no_interval
+from graphshard.sample.deep_split import first_interval, first_pivots, wants_row, weigh_span
 from graphshard.sample.resolve import load_part, softmax_mass
-from graphshard.sample.workspace import P_FLOOR_S, P_MAX_X, P_SUM_S, STAT_SPLIT, padded
+from graphshard.sample.workspace import (P_FLOOR_S, P_MAX_X, P_SUM_S, STAT_DEEP_SPLIT, STAT_SPLIT,
+                                          padded)
 
 # The most programs a row's finish may have (a power of two: the last program loads every
 # program's results as one [MAX_PROGRAMS, PIVOTS] block).
 MAX_PROGRAMS = tl.constexpr(16)
-# Scratch words per program: per interval its mass, count, best Gumbel score and its id.
-STAT_WORDS = tl.constexpr(4 * PIVOTS)
 _NO_ID = tl.constexpr(2147483647)
 # The row's pool count word (`fill`) doubles as the finish programs' arrival counter: the low
 # COUNT_BITS hold the count the scan left, and each program adds OPENED when it reads it and
@@ -55,15 +56,21 @@ def close_pool(fill):
 
 
 @triton.jit
-def split_nucleus(fill, part, pool_x, pool_id, stats_ptr, counters, key, inv_temp, top_p,
-                  SPLITS: tl.constexpr, PROGRAMS: tl.constexpr, SLICE: tl.constexpr):
+def split_nucleus(fill, part, pool_x, pool_id, stats_ptr, counters, row, VOCAB: tl.constexpr,
+                  SPLITS: tl.constexpr, PROGRAMS: tl.constexpr, SLICE: tl.constexpr,
+                  CAP: tl.constexpr, TILE: tl.constexpr, HAS_BITMASK: tl.constexpr):
     """A row's finish over PROGRAMS programs -> (pool count, whether this program settles the
-    row, the draw made here for `resolve.settle_token`: (used, drawn, token)).
+    row, the draw made here for `resolve.settle_token`: (used, drawn, token, the deep draw's
+    first interval)).
 
-    For a top-p row without top-k and min-p (the caller checks). One whose pool spans 2 to
-    PROGRAMS slices, with a finite floor below a finite maximum (the pivots' interval), is drawn
-    by its slices' programs and settled by the last of them; any other by its first program. `stats_ptr`: the
-    row's scratch of PROGRAMS * STAT_WORDS words; `counters`: the workspace's stats."""
+    For a top-p row without top-k and min-p (the caller checks); `row` as `settle_token` takes
+    it. One whose nucleus reaches below a whole pool and whose unfiltered winner lies at or
+    below the pool's floor is weighed over its row by all its programs (`deep_split`); one
+    whose pool spans 2 to PROGRAMS slices, with a finite floor below a finite maximum (the
+    pivots' interval), is drawn by its slices' programs; the last of them settles the row. Any
+    other row is settled by its first program. `stats_ptr`: the row's scratch of PROGRAMS *
+    STAT_WORDS words; `counters`: the workspace's stats."""
+    row_ptr, mask_row_ptr, mask_on, key, inv_temp, _k, top_p, _m, _n, _r, _f = row
     q = tl.program_id(1)
     seen = tl.atomic_add(fill, _OPENED, sem="relaxed", scope="gpu") + _OPENED
     n_pool = seen & _COUNT_MASK
@@ -72,34 +79,60 @@ def split_nucleus(fill, part, pool_x, pool_id, stats_ptr, counters, key, inv_tem
     used = q < 0
     drawn = q < 0
     token = tl.zeros((), tl.int32)
-    if (n_pool > SLICE) & (n_pool <= PROGRAMS * SLICE):
-        max_x = tl.max(load_part(part, P_MAX_X, SPLITS, float("-inf"), True), axis=0)
-        max_s = max_x * inv_temp
-        floor_x = tl.max(load_part(part, P_FLOOR_S, SPLITS, float("-inf"), True), axis=0)
-        lo = floor_score(floor_x, inv_temp)  # the best score an uncaptured token can have
-        spread = max_s - lo
-        if (max_x > float("-inf")) & (lo > float("-inf")) & (spread >= 0.0) \
-                & (spread < float("inf")):
+    first = no_interval()
+    max_x = tl.max(load_part(part, P_MAX_X, SPLITS, float("-inf"), True), axis=0)
+    max_s = max_x * inv_temp
+    floor_x = tl.max(load_part(part, P_FLOOR_S, SPLITS, float("-inf"), True), axis=0)
+    lo = floor_score(floor_x, inv_temp)  # the best score an uncaptured token can have
+    spread = max_s - lo
+    if (max_x > float("-inf")) & (lo > float("-inf")) & (spread >= 0.0) \
+            & (spread < float("inf")):
+        target = top_p * softmax_mass(part, P_MAX_X, P_SUM_S, max_s, inv_temp, SPLITS)
+        wide = (n_pool <= CAP) & (n_pool > 0)
+        if wide:
+            wide = wants_row(row_ptr, part, pool_x, pool_id, n_pool, inv_temp, max_s, lo, target,
+                             VOCAB, SPLITS, CAP, TILE)
+        if wide:
+            active = PROGRAMS
+            settles = q < 0
+            pivots = first_pivots(pool_x, pool_id, n_pool, inv_temp, lo, CAP, TILE)
+            weigh_span(row_ptr, mask_row_ptr, mask_on, q, VOCAB, key, inv_temp, max_s, pivots,
+                       stats_ptr, PROGRAMS, HAS_BITMASK)
+            after = _arrive(fill, active, PROGRAMS)
+            if (after >> 26) == active:
+                settles = q >= 0
+                drawn, token, first = first_interval(stats_ptr, pivots, target, PROGRAMS)
+                used = first[0]
+                if used:
+                    tl.atomic_add(counters + STAT_DEEP_SPLIT, 1, sem="relaxed")
+        elif (n_pool > SLICE) & (n_pool <= PROGRAMS * SLICE):
             active = (n_pool + SLICE - 1) // SLICE
             settles = q < 0
             if q < active:
-                norm = softmax_mass(part, P_MAX_X, P_SUM_S, max_s, inv_temp, SPLITS)
                 weigh_slice(pool_x, pool_id, n_pool, q, inv_temp, max_s, lo,
                             knot_pivots(part, lo, spread, inv_temp, n_pool, SPLITS), key,
                             stats_ptr, SLICE)
-                tl.debug_barrier()  # the slice's stores come from every thread of the program
-                after = tl.atomic_add(fill, _WEIGHED, sem="acq_rel", scope="gpu") + _WEIGHED
-                tl.debug_barrier()
-                _count_in(fill, after, active, PROGRAMS)
+                after = _arrive(fill, active, PROGRAMS)
                 if (after >> 26) == active:
                     settles = q >= 0
                     used, thr, token = settle_split(pool_x, pool_id, stats_ptr, active, inv_temp,
-                                                    max_s, top_p * norm, key, SLICE)
+                                                    max_s, target, key, SLICE)
                     drawn = used & (thr > lo)
                     if used:
                         tl.atomic_add(counters + STAT_SPLIT, 1, sem="relaxed")
     _count_in(fill, seen, active, PROGRAMS)
-    return n_pool, settles, (used, drawn, token)
+    return n_pool, settles, (used, drawn, token, first)
+
+
+@triton.jit
+def _arrive(fill, active, PROGRAMS: tl.constexpr):
+    """Count this program's results in (they are stored, from every thread) -> the pool word
+    after this program's add."""
+    tl.debug_barrier()  # the results' stores come from every thread of the program
+    after = tl.atomic_add(fill, _WEIGHED, sem="acq_rel", scope="gpu") + _WEIGHED
+    tl.debug_barrier()
+    _count_in(fill, after, active, PROGRAMS)
+    return after
 
 
 @triton.constexpr_function

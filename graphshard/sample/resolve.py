@@ -10,7 +10,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from graphshard.sample.deep import draw_deep_nucleus
+from graphshard.sample.deep import draw_deep_nucleus, no_interval
 from graphshard.sample.rows import (draw_filtered, key_to_float, load_masked, logprob_row,
                                     max_lowest, order_key, scan_span, top_p_only)
 from graphshard.sample.candidates import (SHORT_POOL, TINY_POOL, count_raw_above, draw_pool,
@@ -123,9 +123,10 @@ def settle_token(pool, row, small_k, drawn_before, scratch, VOCAB: tl.constexpr,
     """The row's token: greedy argmax, unfiltered Gumbel winner, or the filtered draw. `pool` is
     the row's (partials, pool count, pool logits, pool ids, stats); `row` (logits row, bitmask
     row, mask flag, RNG key, 1 / temperature, top_k, top_p, min_p, logprobs, random, filtered);
-    `small_k`: a top-k the scan captured whole; `drawn_before`, None or (used, drawn, token): a
-    top-p-only row's draw from its pool that the split nucleus draw (`nucleus`) already made, in
-    place of `draw_from_pool`'s where used; `scratch`: a word the deep nucleus draw
+    `small_k`: a top-k the scan captured whole; `drawn_before`, None or (used, drawn, token,
+    first): a top-p-only row's draw that its finish programs already made (`nucleus`), in place
+    of `draw_from_pool`'s where used, and the deep draw's first interval when they weighed it
+    (`deep_split`); `scratch`: a word the deep nucleus draw
     (`deep`) may use (the row's top-K scratch, free until its logprobs); NUCLEUS_WINNER: the
     scan drew a top-p-only row's unfiltered winner (`kernels.nucleus_winner`)."""
     part, n_pool, pool_x, pool_id, stats = pool
@@ -151,11 +152,12 @@ def settle_token(pool, row, small_k, drawn_before, scratch, VOCAB: tl.constexpr,
                              axis=0)
             norm = softmax_mass(part, P_MAX_X, P_SUM_S, max_s, inv_temp, SPLITS)
             if drawn_before is None:
+                first = no_interval()
                 drawn, token, t_m, k_ok = draw_from_pool(pool_x, pool_id, n_pool, floor_x, norm,
                                                          key, inv_temp, max_s, top_k, top_p,
                                                          min_p, VOCAB, CAP, TILE, RADIX_BITS)
             else:
-                used, drawn, token = drawn_before
+                used, drawn, token, first = drawn_before
                 # Without top-k and min-p (the split draw's rows) these are max_s and true.
                 t_m = max_s
                 k_ok = n_pool >= 0
@@ -165,7 +167,9 @@ def settle_token(pool, row, small_k, drawn_before, scratch, VOCAB: tl.constexpr,
                                                              top_p, min_p, VOCAB, CAP, TILE,
                                                              RADIX_BITS)
             whole_row = ~drawn
-            if whole_row & ~small_k:
+            # A deep draw's first interval weighed by the row's programs answers the winner's
+            # check too (`deep_split`): the winner is kept exactly when it beats the interval.
+            if whole_row & ~small_k & ~first[0]:
                 # The unfiltered winner is the answer exactly when it survives the filters:
                 # fewer than k tokens and less than top_p of the mass lie above it (the norm
                 # must not hang on an unsettled top-k), and min-p keeps it. The chunks' streams
@@ -205,7 +209,8 @@ def settle_token(pool, row, small_k, drawn_before, scratch, VOCAB: tl.constexpr,
                 deep, deep_token = draw_deep_nucleus(
                     row_ptr, mask_row_ptr, mask_on, pool_x, pool_id, n_pool,
                     scratch.to(tl.pointer_type(tl.int32)), VOCAB, key, inv_temp, max_s,
-                    floor_score(floor_x, inv_temp), top_p * norm, CAP, SMALL_BLOCK, HAS_BITMASK)
+                    floor_score(floor_x, inv_temp), top_p * norm, first, CAP, SMALL_BLOCK,
+                    HAS_BITMASK)
                 if deep:
                     token = deep_token
                     tl.atomic_add(stats + STAT_DEEP, 1, sem="relaxed")

@@ -66,7 +66,7 @@ P_FLOOR_R = tl.constexpr(6)  # tokens with a raw logit below this were not captu
 P_MAX_R = tl.constexpr(7)  # max raw logit
 P_SUM_R = tl.constexpr(8)  # sum exp(raw - chunk max raw)
 P_SUM_S = tl.constexpr(9)  # sum exp(s - chunk max s) over the allowed tokens
-NUM_STATS = tl.constexpr(6)
+NUM_STATS = tl.constexpr(7)
 STAT_DRAWS = tl.constexpr(0)
 STAT_LOGPROBS = tl.constexpr(1)
 STAT_COUNTS = tl.constexpr(2)
@@ -75,9 +75,13 @@ STAT_DEEP = tl.constexpr(4)  # top-p rows whose nucleus reached below the pool (
 # Top-p rows whose nucleus reached below the pool and whose unfiltered winner lay above every
 # floor: the pool's mass above the winner checked it (not a slower path).
 STAT_POOL_CHECKS = tl.constexpr(5)
+# Top-p rows whose nucleus reached below the pool and whose unfiltered winner lay below every
+# floor, weighed over the row by all of the row's finish programs (`deep_split`).
+STAT_DEEP_SPLIT = tl.constexpr(6)
 # The slower paths `SamplerWorkspace.paths` reports, by stats word.
 STAT_NAMES = {"draw_fallback": STAT_DRAWS.value, "logprobs_fallback": STAT_LOGPROBS.value,
-              "counted": STAT_COUNTS.value, "deep": STAT_DEEP.value}
+              "counted": STAT_COUNTS.value, "deep": STAT_DEEP.value,
+              "deep_split": STAT_DEEP_SPLIT.value}
 
 
 @triton.constexpr_function
@@ -195,8 +199,12 @@ class SamplerWorkspace:
         """How many rows took the slower whole-row paths since allocation: `draw_fallback`
         (filtered draw), `logprobs_fallback` (top-K logprobs), `counted` (a count over the row:
         verifying the unfiltered winner, or the sampled token's rank), `deep` (a top-p draw by
-        weighing passes over the row: its nucleus reached below the pool). Every other row was
-        settled from its candidates. Reads the device: for tests and benchmarks, not a step."""
+        weighing passes over the row in the program that settles it: its nucleus reached below
+        the pool), `deep_split` (a top-p row weighed over its row by all of its finish
+        programs, small batches: its nucleus reached below the pool and its unfiltered winner
+        below every floor; such a row also counts as `deep` when one program goes on to copy
+        its threshold's interval). Every other row was settled from its candidates. Reads the
+        device: for tests and benchmarks, not a step."""
         stats = self.stats.tolist()
         return {name: stats[i] for name, i in STAT_NAMES.items()}
 

@@ -58,7 +58,8 @@ class Batch:
 
 
 # `SamplerWorkspace.paths` of a launch whose rows all settled from their candidates.
-NO_SLOW_PATHS = {"draw_fallback": 0, "logprobs_fallback": 0, "counted": 0, "deep": 0}
+NO_SLOW_PATHS = {"draw_fallback": 0, "logprobs_fallback": 0, "counted": 0, "deep": 0,
+                 "deep_split": 0}
 
 
 def make_logits(rs, rows, vocab=V, padded=PV, dtype=torch.float32, pad_value=1.0e4):
