@@ -8,7 +8,8 @@ Usage: python3 -m benchmarks.warm_rows [--vocab 152064] [--dtype float32] [--see
        [--out warm_rows.json]
 One GPU. Per seed: the sampler's GPU µs per call (`bench_sampling.sampler_alone`: a graph of
 10 calls, CUDA events, median of 10 replays), and the rows that took the slower paths in
-those calls (`deep`: the deep draw; `counted`: a count over the row).
+those calls (`deep`: the deep draw; `deep_split`: the row weighed by all its finish programs;
+`counted`: a count over the row).
 """
 
 from __future__ import annotations
@@ -32,6 +33,19 @@ def seeds_arg(text: str) -> list[int]:
     return seeds
 
 
+def by_path(rows: list[dict]) -> dict[str, list[float]]:
+    """The seeds' sampler µs by the slowest path their row took: the deep draw's passes in one
+    program (`deep`), the row weighed by all its finish programs and settled there
+    (`deep_split`), a count over the row (`counted`), or the pool alone."""
+    paths = {"deep draw": [], "weighed by the row's programs": [], "counted": [], "pool": []}
+    for r in rows:
+        name = ("deep draw" if r["deep"] else
+                "weighed by the row's programs" if r.get("deep_split") else
+                "counted" if r["counted"] else "pool")
+        paths[name].append(r["sampler_gpu_us"])
+    return paths
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--vocab", type=int, default=152064)
@@ -49,12 +63,11 @@ def main(argv=None):
         us, paths = sampler_alone(logits, 1, args.vocab, params, device, pdl=True)
         rows.append(dict(seed=seed, sampler_gpu_us=us, **paths))
         print(f"seed {seed:3d}  {us:8.1f} us  {paths}", flush=True)
-    deep = [r["sampler_gpu_us"] for r in rows if r["deep"]]
-    settled = [r["sampler_gpu_us"] for r in rows if not r["deep"]]
-    for name, us in (("deep draw", deep), ("check accepted", settled)):
+    for name, us in by_path(rows).items():
         if us:
             print(f"{name}: {len(us)} of {len(rows)} seeds, median {np.median(us):.1f} us "
                   f"(min {min(us):.1f}, max {max(us):.1f})")
+    print(f"all: mean {np.mean([r['sampler_gpu_us'] for r in rows]):.1f} us")
     if args.out:
         with open(args.out, "w") as f:
             json.dump(dict(vocab=args.vocab, dtype=args.dtype, rows=rows), f, indent=1)

@@ -29,12 +29,17 @@ import triton.language as tl
 
 from graphshard.sample import rng
 from graphshard.sample.candidates import PIVOTS, STAT_WORDS, mass_above
-from graphshard.sample.deep import WEIGH_LANES, first_offsets
+from graphshard.sample.deep import first_offsets
 from graphshard.sample.resolve import combine_max
 from graphshard.sample.rows import load_masked
 from graphshard.sample.workspace import P_ARG_Z, P_MAX_Z
 
 _NO_ID = tl.constexpr(2147483647)
+# Lanes of `weigh_span`'s per-lane sums ([PIVOTS, SPAN_LANES] of mass, count, best Gumbel score
+# and its id). Every program of the small-batch finish pays for their registers: with 128 lanes
+# (`deep.WEIGH_LANES`, two of the four sums) ptxas gave that finish 191 registers against 128,
+# one program per SM instead of two (CPU compile, sm_90a).
+SPAN_LANES = tl.constexpr(64)
 
 
 @triton.constexpr_function
@@ -82,7 +87,7 @@ def weigh_span(row_ptr, mask_row_ptr, mask_on, q, VOCAB: tl.constexpr, key, inv_
     """Program `q`'s part: the row's columns [q * SPAN, (q + 1) * SPAN) weighed at `pivots`.
     Interval k holds the allowed finite scores in [pivots[k], pivots[k - 1]). Per-lane sums,
     reduced once, four tiles a step (as `deep.weigh_row`)."""
-    LANES: tl.constexpr = WEIGH_LANES
+    LANES: tl.constexpr = SPAN_LANES
     SPAN: tl.constexpr = span_size(VOCAB, PROGRAMS, LANES)
     at = tl.arange(0, PIVOTS)
     lanes = tl.arange(0, LANES)

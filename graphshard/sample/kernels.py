@@ -140,6 +140,11 @@ FINISH_PROGRAMS = ((64, 16),)
 # warps instead, as fast, would change the order of the finish's block-wide sums.
 FINISH_CAPPED_ROWS = 512
 FINISH_REGISTERS = 64
+# A finish that splits rows over programs (8 warps) is held to SPLIT_FINISH_REGISTERS, two
+# programs per SM: ptxas chose 128 for it (spilling 168 bytes) until the deep draw's first
+# round by the row's programs (`deep_split`), then 191-196 with no spill, which leaves one
+# program per SM for every mode of the small batches (CPU compile, sm_90a).
+SPLIT_FINISH_REGISTERS = 128
 # Pool entries a finish program weighs at most (fewer where the pool is smaller).
 MAX_SLICE = 256
 # The scan unrolls its chunk loop: a bound on its code size.
@@ -588,6 +593,8 @@ def finish_options(grid_rows: int, programs: int, block: int) -> dict:
     options = _tile_options(block)
     if options["num_warps"] == 8 and programs == 1 and grid_rows >= FINISH_CAPPED_ROWS:
         options["maxnreg"] = FINISH_REGISTERS
+    elif options["num_warps"] == 8 and programs > 1:
+        options["maxnreg"] = SPLIT_FINISH_REGISTERS
     return options
 
 
@@ -597,7 +604,7 @@ def count_tiles(options: dict) -> int:
     at V = 152064 fp32 took ~23 µs against ~39 with one tile a step; the held finish's code,
     which no row of those batches counts, made its logprob rows ~1 µs slower at batch 1024 with
     four (BENCHMARKS.md), so it keeps one."""
-    return 1 if "maxnreg" in options else 4
+    return 1 if options.get("maxnreg") == FINISH_REGISTERS else 4
 
 
 def _finish_programs(grid_rows: int, splits: int, cap: int, vocab_size: int,

@@ -830,8 +830,10 @@ def test_finish_registers_capped_for_large_one_program_grids():
     rows, cap = sampler.FINISH_CAPPED_ROWS, sampler.FINISH_REGISTERS
     assert sampler.finish_options(rows, 1, 1024) == dict(num_warps=8, maxnreg=cap, **sampler.NO_FMA)
     assert sampler.finish_options(rows - 1, 1, 1024) == dict(num_warps=8, **sampler.NO_FMA)
-    # Rows split over programs, and 4-warp finishes (small tiles), keep every register.
-    assert "maxnreg" not in sampler.finish_options(rows, 2, 1024)
+    # Rows split over programs are held to two programs per SM; 4-warp finishes (small tiles)
+    # keep every register.
+    assert sampler.finish_options(rows, 2, 1024) == dict(
+        num_warps=8, maxnreg=sampler.SPLIT_FINISH_REGISTERS, **sampler.NO_FMA)
     assert sampler.finish_options(rows, 1, 512) == dict(num_warps=4, **sampler.NO_FMA)
     # Only the held finish counts a row one tile a step.
     assert sampler.count_tiles(sampler.finish_options(rows, 1, 1024)) == 1
