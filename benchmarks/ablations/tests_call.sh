@@ -1,0 +1,11 @@
+#!/usr/bin/env bash
+# One device call of compiled tests alone: each shard of TESTS (pytest arguments, shards
+# separated by ";", a shard "FILES -k EXPRESSION" where it selects) a process of its own for
+# LIMIT seconds (default 540), into $OUT/tests_<n>.txt, all of $OUT also in $OUT/0all.tgz. Each
+# process compiles its own variants on one core: split a file by test where its variants
+# would take past the limit.
+# Usage: OUT=dir TESTS="..." [LIMIT=540] bash benchmarks/ablations/tests_call.sh
+CACHE=${CACHE:-.triton_cache_tests} source "$(dirname "$0")/call_setup.sh"
+IFS=';' read -ra shards <<< "${TESTS:?set TESTS}"
+test_shards "${LIMIT:-540}" "${shards[@]}"
+close_call
