@@ -100,6 +100,25 @@ def test_deep_nucleus_rows_equal_the_reference(programs):
         assert ws.paths() == dict(NO_SLOW_PATHS, counted=1, deep=2, deep_split=5)
 
 
+def test_deep_rows_settle_in_their_programs_round_or_by_a_copy():
+    """Gaussian rows at temperatures 1.3 to 2, winners outside the nucleus, 16 finish programs:
+    every row is weighed by its programs (`deep_split`). Six settle there (the best Gumbel score
+    above the threshold's interval beats the interval); two have an interval that fits the copy
+    (662 and 756 tokens) with a better score inside it, and are copied without the RNG and
+    sorted by one program (`deep`), with no further round. All equal the reference."""
+    rs = np.random.default_rng(5)
+    temps = [1.4, 1.5, 1.6, 1.8, 1.3, 1.5, 1.7, 2.0]
+    b = make_batch(rs, [SamplingParams(temperature=t, top_p=0.9) for t in temps])
+    b.logits = torch.from_numpy((rs.standard_normal((8, VOCAB)) * 3).astype(np.float32))
+    for i in range(8):
+        with_seed(b, i, False)
+    ws = sampler.SamplerWorkspace.allocate(8, 1, VOCAB, DEVICE, chunk_size=CHUNK)
+    records, layout = run_kernel(b, K=0, vocab_size=VOCAB, block_size=1024, workspace=ws,
+                                 finish_programs=16)
+    assert_same(records, layout, run_ref(b, K=0, vocab_size=VOCAB))
+    assert ws.paths() == dict(NO_SLOW_PATHS, deep=2, deep_split=8)
+
+
 def test_deep_nucleus_with_bitmask_and_logprobs():
     """A bitmask that allows every other token, and 5 logprobs from the pool the draw's copy
     lies behind: both equal the reference."""
