@@ -11,6 +11,10 @@ inside it. The first pass's pivots start at the pool's floor and are spaced by t
 there, as the pool measures it (`first_offsets`); an interval below the last finite pivot is
 weighed again with steps of STEP.
 
+Where the finish splits rows over programs, the row's programs may have weighed the first
+round together (`deep_split`): the draw then starts from their interval, and copies it without
+the RNG when no further round narrows it (they drew the winner above it).
+
 The answer is the one-program search's (`rows.draw_filtered`) at the row's norm from its chunks
 (as every pool answer is): the largest score T whose mass at or above it reaches top_p * norm,
 and the Gumbel-max token among the scores >= T, ties by lower id. When the rounds run out, the
