@@ -50,23 +50,14 @@ def span_size(vocab, programs, lanes):
 
 
 @triton.jit
-def wants_row(row_ptr, part, pool_x, pool_id, n_pool, key, inv_temp, max_s, lo, target,
+def wants_row(row_ptr, part, pool_x, pool_id, n_pool, inv_temp, max_s, lo, target,
               VOCAB: tl.constexpr, SPLITS: tl.constexpr, CAP: tl.constexpr, TILE: tl.constexpr):
     """Whether a top-p row's programs weigh its row (module docstring), for a whole pool of
     `n_pool` entries; `lo`: the best score an uncaptured token can have. The same answer in
     every program of the row: it reads only what the scan left."""
-    win_z, winner = combine_max(part, P_MAX_Z, P_ARG_Z, SPLITS)
-    # The scan's winning score is its s + g rounded once: s lies within a few ulps of z - g.
-    # Only a winner that close to the floor needs its logit loaded, a round trip to memory
-    # before the pool's weighing (with it, warm rows their pool settles took ~0.4 µs more on
-    # an H100).
-    g = rng.gumbel(key, winner)
-    gap = (win_z - g) - lo
-    near = tl.abs(gap) <= (tl.abs(win_z) + tl.abs(g) + tl.abs(lo)) * 1e-6
-    below = gap < 0.0
-    if near:
-        v_s = tl.load(row_ptr + tl.minimum(tl.maximum(winner, 0), VOCAB - 1)).to(tl.float32)
-        below = v_s * inv_temp <= lo
+    winner = combine_max(part, P_MAX_Z, P_ARG_Z, SPLITS)[1]
+    v_s = tl.load(row_ptr + tl.minimum(tl.maximum(winner, 0), VOCAB - 1)).to(tl.float32)
+    below = v_s * inv_temp <= lo
     wanted = below
     if below:
         wanted = mass_above(pool_x, pool_id, n_pool, inv_temp, max_s, lo, CAP, TILE) < target

@@ -90,8 +90,8 @@ def split_nucleus(fill, part, pool_x, pool_id, stats_ptr, counters, row, VOCAB: 
         target = top_p * softmax_mass(part, P_MAX_X, P_SUM_S, max_s, inv_temp, SPLITS)
         wide = (n_pool <= CAP) & (n_pool > 0)
         if wide:
-            wide = wants_row(row_ptr, part, pool_x, pool_id, n_pool, key, inv_temp, max_s, lo,
-                             target, VOCAB, SPLITS, CAP, TILE)
+            wide = wants_row(row_ptr, part, pool_x, pool_id, n_pool, inv_temp, max_s, lo, target,
+                             VOCAB, SPLITS, CAP, TILE)
         if wide:
             active = PROGRAMS
             settles = q < 0
