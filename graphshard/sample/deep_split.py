@@ -36,9 +36,9 @@ from graphshard.sample.workspace import P_ARG_Z, P_MAX_Z
 
 _NO_ID = tl.constexpr(2147483647)
 # Lanes of `weigh_span`'s per-lane sums ([PIVOTS, SPAN_LANES] of mass, count, best Gumbel score
-# and its id). Every program of the small-batch finish pays for their registers: with 128 lanes
-# (`deep.WEIGH_LANES`, two of the four sums) ptxas gave that finish 191 registers against 128,
-# one program per SM instead of two (CPU compile, sm_90a).
+# and its id): four sums, where `deep.weigh_row` keeps two over WEIGH_LANES. Unheld, ptxas gave
+# the small-batch finish 191 registers with 128 lanes and 196 with 64 (CPU compile, sm_90a): the
+# sums do not set its register count, SPLIT_FINISH_REGISTERS in `kernels` holds it. Timed with 64.
 SPAN_LANES = tl.constexpr(64)
 
 
