@@ -29,7 +29,7 @@ import triton.language as tl
 from graphshard.sample import rng
 from graphshard.sample.candidates import PIVOTS, SORT_LIMIT, load_pool, mass_threshold
 from graphshard.sample.floors import ID_BITS
-from graphshard.sample.rows import load_masked
+from graphshard.sample.rows import load_four, load_masked
 
 # Pivot spacing in score units (a mass ratio of e^0.25 between pivots) where the pool gives no
 # density, and below the first pass's pivots: the threshold of top-p 0.9 at temperatures 1 to
@@ -192,17 +192,12 @@ def weigh_row(row_ptr, mask_row_ptr, mask_on, VOCAB: tl.constexpr, inv_temp, max
     mass = tl.zeros([PIVOTS, BLOCK], tl.float32)
     count = tl.zeros([PIVOTS, BLOCK], tl.int32)
     for begin in range(0, VOCAB, 4 * BLOCK):
-        x_a = load_masked(row_ptr, mask_row_ptr, mask_on, begin + lanes, VOCAB, HAS_BITMASK)[0]
-        x_b = load_masked(row_ptr, mask_row_ptr, mask_on, begin + BLOCK + lanes, VOCAB,
-                          HAS_BITMASK)[0]
-        x_c = load_masked(row_ptr, mask_row_ptr, mask_on, begin + 2 * BLOCK + lanes, VOCAB,
-                          HAS_BITMASK)[0]
-        x_d = load_masked(row_ptr, mask_row_ptr, mask_on, begin + 3 * BLOCK + lanes, VOCAB,
-                          HAS_BITMASK)[0]
-        mass, count = _weigh_tile(x_a, inv_temp, max_s, pivots, mass, count)
-        mass, count = _weigh_tile(x_b, inv_temp, max_s, pivots, mass, count)
-        mass, count = _weigh_tile(x_c, inv_temp, max_s, pivots, mass, count)
-        mass, count = _weigh_tile(x_d, inv_temp, max_s, pivots, mass, count)
+        a, b, c, d = load_four(row_ptr, mask_row_ptr, mask_on, begin + lanes, BLOCK, VOCAB,
+                               HAS_BITMASK)
+        mass, count = _weigh_tile(a[0], inv_temp, max_s, pivots, mass, count)
+        mass, count = _weigh_tile(b[0], inv_temp, max_s, pivots, mass, count)
+        mass, count = _weigh_tile(c[0], inv_temp, max_s, pivots, mass, count)
+        mass, count = _weigh_tile(d[0], inv_temp, max_s, pivots, mass, count)
     return tl.sum(mass, axis=1), tl.sum(count, axis=1)
 
 
@@ -246,15 +241,12 @@ def copy_interval(row_ptr, mask_row_ptr, mask_on, VOCAB: tl.constexpr, inv_temp,
     the RNG one program's pass waits on loads, as a count over the row does."""
     lanes = tl.arange(0, BLOCK)
     for begin in range(0, VOCAB, 4 * BLOCK):
-        a = begin + lanes
-        x_a = load_masked(row_ptr, mask_row_ptr, mask_on, a, VOCAB, HAS_BITMASK)[0]
-        x_b = load_masked(row_ptr, mask_row_ptr, mask_on, a + BLOCK, VOCAB, HAS_BITMASK)[0]
-        x_c = load_masked(row_ptr, mask_row_ptr, mask_on, a + 2 * BLOCK, VOCAB, HAS_BITMASK)[0]
-        x_d = load_masked(row_ptr, mask_row_ptr, mask_on, a + 3 * BLOCK, VOCAB, HAS_BITMASK)[0]
-        _copy_tile(x_a, a, inv_temp, lo, hi, dest_x, dest_id, counter_ptr, limit)
-        _copy_tile(x_b, a + BLOCK, inv_temp, lo, hi, dest_x, dest_id, counter_ptr, limit)
-        _copy_tile(x_c, a + 2 * BLOCK, inv_temp, lo, hi, dest_x, dest_id, counter_ptr, limit)
-        _copy_tile(x_d, a + 3 * BLOCK, inv_temp, lo, hi, dest_x, dest_id, counter_ptr, limit)
+        offs = begin + lanes
+        a, b, c, d = load_four(row_ptr, mask_row_ptr, mask_on, offs, BLOCK, VOCAB, HAS_BITMASK)
+        _copy_tile(a[0], offs, inv_temp, lo, hi, dest_x, dest_id, counter_ptr, limit)
+        _copy_tile(b[0], offs + BLOCK, inv_temp, lo, hi, dest_x, dest_id, counter_ptr, limit)
+        _copy_tile(c[0], offs + 2 * BLOCK, inv_temp, lo, hi, dest_x, dest_id, counter_ptr, limit)
+        _copy_tile(d[0], offs + 3 * BLOCK, inv_temp, lo, hi, dest_x, dest_id, counter_ptr, limit)
 
 
 @triton.jit

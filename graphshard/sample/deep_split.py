@@ -30,8 +30,8 @@ import triton.language as tl
 from graphshard.sample import rng
 from graphshard.sample.candidates import PIVOTS, STAT_WORDS, mass_above
 from graphshard.sample.deep import first_offsets
-from graphshard.sample.resolve import combine_max
-from graphshard.sample.rows import load_masked
+from graphshard.sample.resolve import combine_max, token_index
+from graphshard.sample.rows import load_four
 from graphshard.sample.workspace import P_ARG_Z, P_MAX_Z
 
 _NO_ID = tl.constexpr(2147483647)
@@ -56,7 +56,7 @@ def wants_row(row_ptr, part, pool_x, pool_id, n_pool, inv_temp, max_s, lo, targe
     `n_pool` entries; `lo`: the best score an uncaptured token can have. The same answer in
     every program of the row: it reads only what the scan left."""
     winner = combine_max(part, P_MAX_Z, P_ARG_Z, SPLITS)[1]
-    v_s = tl.load(row_ptr + tl.minimum(tl.maximum(winner, 0), VOCAB - 1)).to(tl.float32)
+    v_s = tl.load(row_ptr + token_index(winner, VOCAB)).to(tl.float32)
     below = v_s * inv_temp <= lo
     wanted = below
     if below:
@@ -96,16 +96,13 @@ def weigh_span(row_ptr, mask_row_ptr, mask_on, q, VOCAB: tl.constexpr, key, inv_
            tl.full([PIVOTS, LANES], float("-inf"), tl.float32),
            tl.full([PIVOTS, LANES], _NO_ID, tl.int32))
     for t in range(0, SPAN, 4 * LANES):
-        a = q * SPAN + t + lanes
-        x_a = load_masked(row_ptr, mask_row_ptr, mask_on, a, VOCAB, HAS_BITMASK)[0]
-        x_b = load_masked(row_ptr, mask_row_ptr, mask_on, a + LANES, VOCAB, HAS_BITMASK)[0]
-        x_c = load_masked(row_ptr, mask_row_ptr, mask_on, a + 2 * LANES, VOCAB, HAS_BITMASK)[0]
-        x_d = load_masked(row_ptr, mask_row_ptr, mask_on, a + 3 * LANES, VOCAB, HAS_BITMASK)[0]
+        offs = q * SPAN + t + lanes
+        a, b, c, d = load_four(row_ptr, mask_row_ptr, mask_on, offs, LANES, VOCAB, HAS_BITMASK)
         # Lanes see their ids in rising order: a tie keeps the lane's earlier winner.
-        acc = _weigh_tile(x_a, a, key, inv_temp, max_s, pivots, uppers, acc)
-        acc = _weigh_tile(x_b, a + LANES, key, inv_temp, max_s, pivots, uppers, acc)
-        acc = _weigh_tile(x_c, a + 2 * LANES, key, inv_temp, max_s, pivots, uppers, acc)
-        acc = _weigh_tile(x_d, a + 3 * LANES, key, inv_temp, max_s, pivots, uppers, acc)
+        acc = _weigh_tile(a[0], offs, key, inv_temp, max_s, pivots, uppers, acc)
+        acc = _weigh_tile(b[0], offs + LANES, key, inv_temp, max_s, pivots, uppers, acc)
+        acc = _weigh_tile(c[0], offs + 2 * LANES, key, inv_temp, max_s, pivots, uppers, acc)
+        acc = _weigh_tile(d[0], offs + 3 * LANES, key, inv_temp, max_s, pivots, uppers, acc)
     mass, count, best_z, best_id = acc
     top_z = tl.max(best_z, axis=1)
     top_id = tl.min(tl.where(best_z == top_z[:, None], best_id, _NO_ID), axis=1)

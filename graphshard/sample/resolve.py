@@ -11,8 +11,8 @@ import triton
 import triton.language as tl
 
 from graphshard.sample.deep import draw_deep_nucleus, no_interval
-from graphshard.sample.rows import (draw_filtered, key_to_float, load_masked, logprob_row,
-                                    max_lowest, order_key, scan_span, top_p_only)
+from graphshard.sample.rows import (draw_filtered, key_to_float, load_four, load_masked,
+                                    logprob_row, max_lowest, order_key, scan_span, top_p_only)
 from graphshard.sample.candidates import (SHORT_POOL, TINY_POOL, count_raw_above, draw_pool,
                                           floor_score, mass_above, search_mass, search_pool,
                                           sorted_thresholds, top_entries, top_raw, unpack_top)
@@ -69,13 +69,8 @@ def count_row(row_ptr, mask_row_ptr, mask_on, VOCAB: tl.constexpr, inv_temp, v_s
     else:
         tl.static_assert(TILES == 4, "count_row takes 1 or 4 tiles a step")
         for start in range(0, VOCAB, 4 * BLOCK):
-            a = load_masked(row_ptr, mask_row_ptr, mask_on, start + lanes, VOCAB, HAS_BITMASK)
-            b = load_masked(row_ptr, mask_row_ptr, mask_on, start + BLOCK + lanes, VOCAB,
-                            HAS_BITMASK)
-            c = load_masked(row_ptr, mask_row_ptr, mask_on, start + 2 * BLOCK + lanes, VOCAB,
-                            HAS_BITMASK)
-            d = load_masked(row_ptr, mask_row_ptr, mask_on, start + 3 * BLOCK + lanes, VOCAB,
-                            HAS_BITMASK)
+            a, b, c, d = load_four(row_ptr, mask_row_ptr, mask_on, start + lanes, BLOCK, VOCAB,
+                                   HAS_BITMASK)
             acc = _count_tile(a[0], a[2], inv_temp, v_s, max_s, v_r, acc)
             acc = _count_tile(b[0], b[2], inv_temp, v_s, max_s, v_r, acc)
             acc = _count_tile(c[0], c[2], inv_temp, v_s, max_s, v_r, acc)
@@ -94,7 +89,7 @@ def _count_tile(x, raw, inv_temp, v_s, max_s, v_r, acc):
 
 
 @triton.jit
-def _token_index(token, VOCAB: tl.constexpr):
+def token_index(token, VOCAB: tl.constexpr):
     """A token id used as an address, kept inside the row whatever the value (every path
     yields ids in [0, VOCAB); this guards the loads should one not)."""
     return tl.minimum(tl.maximum(token, 0), VOCAB - 1)
@@ -183,7 +178,7 @@ def settle_token(pool, row, small_k, drawn_before, scratch, VOCAB: tl.constexpr,
                     w0 = scan_span(row_ptr, mask_row_ptr, mask_on, 0, inv_temp, key, True, False,
                                    False, VOCAB, VOCAB, SMALL_BLOCK, HAS_BITMASK)[4]
                 token = w0
-                v_s = tl.load(row_ptr + _token_index(w0, VOCAB)).to(tl.float32) * inv_temp
+                v_s = tl.load(row_ptr + token_index(w0, VOCAB)).to(tl.float32) * inv_temp
                 if ((min_p <= 0.0) | (v_s >= t_m)) & (k_ok | (top_p >= 1.0)):
                     if nucleus & (n_pool <= CAP) & (v_s > floor_score(floor_x, inv_temp)) \
                             & (v_s < float("inf")):
@@ -348,7 +343,7 @@ def _settle_logprobs_from_pool(pool, top, rec_ptr, row_ptr, r, token, at_max, nu
         # round trip to memory came after the pool's sorts.
         tok_x = max_r
     else:
-        tok_x = tl.load(row_ptr + _token_index(token, VOCAB)).to(tl.float32)
+        tok_x = tl.load(row_ptr + token_index(token, VOCAB)).to(tl.float32)
         tok_x = tl.where(tok_x != tok_x, float("-inf"), tok_x)
     if list_ok:
         if at_max:

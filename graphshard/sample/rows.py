@@ -73,6 +73,18 @@ def load_masked(row_ptr, mask_row_ptr, mask_on, offs, VOCAB: tl.constexpr, HAS_B
 
 
 @triton.jit
+def load_four(row_ptr, mask_row_ptr, mask_on, offs, BLOCK: tl.constexpr, VOCAB: tl.constexpr,
+              HAS_BITMASK: tl.constexpr):
+    """`load_masked` of the four tiles at offs, offs + BLOCK, ... (a step of one program's pass
+    over a row), all loaded before the caller uses any: such a pass waits on each step's loads,
+    and four keep four times the bytes in flight."""
+    return (load_masked(row_ptr, mask_row_ptr, mask_on, offs, VOCAB, HAS_BITMASK),
+            load_masked(row_ptr, mask_row_ptr, mask_on, offs + BLOCK, VOCAB, HAS_BITMASK),
+            load_masked(row_ptr, mask_row_ptr, mask_on, offs + 2 * BLOCK, VOCAB, HAS_BITMASK),
+            load_masked(row_ptr, mask_row_ptr, mask_on, offs + 3 * BLOCK, VOCAB, HAS_BITMASK))
+
+
+@triton.jit
 def scan_chunk(row_ptr, mask_row_ptr, mask_on, lo, SPAN: tl.constexpr, VOCAB: tl.constexpr, inv_temp,
                key, thr_key, min_score, DRAW: tl.constexpr, SUM_S: tl.constexpr,
                SUM_R: tl.constexpr, BLOCK: tl.constexpr, HAS_BITMASK: tl.constexpr):
