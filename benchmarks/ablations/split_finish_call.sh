@@ -15,7 +15,9 @@
 # batches 1 and 32 (all trees) and 256 and 1024 (both, race), 128256 bf16 at 1 and 32 (main,
 # both); then `benchmarks.warm_rows` at 152064 fp32 on the small-batch trees, twice in ABBA
 # order. Carry [CACHE, "abl10"].
-# Usage: OUT=dir [CACHE=.triton_cache_s] [LIMIT=500] bash benchmarks/ablations/split_finish_call.sh
+# SHORT=1 (a call of ~5 minutes): the split, search, large-batch and fp32 settings shards only;
+# trees main, gap and race at batches 1 and 32; one round of warm rows; no 128256 bf16.
+# Usage: OUT=dir [CACHE=.triton_cache_s] [LIMIT=500] [SHORT=1] bash benchmarks/ablations/split_finish_call.sh
 CACHE=${CACHE:-.triton_cache_s} source "$(dirname "$0")/call_setup.sh"
 d=tests/sample/test_deep.py g=tests/gpu/test_sampler_gpu.py n=tests/sample/test_nucleus.py
 deep=("$d -k bitmask" "$d -k kept_winners and 16" "$d -k kept_winners and not 16"
@@ -28,25 +30,30 @@ shard() {  # shard TREE N "FILES -k EXPRESSION"
   (cd "$R/abl10/$1" && TRITON_CACHE_DIR=$R/.triton_cache_tests_$1 timeout -k 5 "${LIMIT:-500}" \
      python3 -m pytest -q -rs -p no:cacheprovider $files ${k:+-k "$k"} > "$OUT/tests_$2_$1.txt" 2>&1) &
 }
+short=${SHORT:-0} small=(abl10/main abl10/gap abl10/beat abl10/both abl10/race) rounds=2
+[[ $short == 1 ]] && deep=() split=("${split[@]:0:4}") small=(abl10/main abl10/gap abl10/race) rounds=1
 i=0
 for s in "${deep[@]}" "${split[@]}"; do shard race $i "$s"; i=$((i + 1)); done
 modes=top_p_warm,top_p,top_k_top_p,greedy
-OUT=$OUT/ab ROUNDS=2 WARM=0 timeout 200 bash benchmarks/ab_trees.sh abl10/main abl10/gap \
-  abl10/beat abl10/both abl10/race -- --vocab 152064 --dtype float32 --modes $modes \
-  --batches 1,32 --k 20 --no-step --pdl > $OUT/ab.txt 2>&1
+OUT=$OUT/ab ROUNDS=2 WARM=0 timeout 200 bash benchmarks/ab_trees.sh "${small[@]}" -- \
+  --vocab 152064 --dtype float32 --modes $modes --batches 1,32 --k 20 --no-step --pdl \
+  > $OUT/ab.txt 2>&1
 echo "ab_trees 152064 small rc=$? ${SECONDS}s" >> $log
 OUT=$OUT/ab_large ROUNDS=2 WARM=0 timeout 150 bash benchmarks/ab_trees.sh abl10/both abl10/race \
   -- --vocab 152064 --dtype float32 --modes top_p,top_k_top_p,greedy,min_p,logprobs_20 \
   --batches 256,1024 --k 20 --no-step --pdl > $OUT/ab_large.txt 2>&1
 echo "ab_trees 152064 large rc=$? ${SECONDS}s" >> $log
-OUT=$OUT/ab_bf16 ROUNDS=2 WARM=0 timeout 100 bash benchmarks/ab_trees.sh abl10/main abl10/both -- \
-  --vocab 128256 --dtype bfloat16 --modes $modes --batches 1,32 --k 20 --no-step --pdl \
-  > $OUT/ab_bf16.txt 2>&1
-echo "ab_trees 128256 rc=$? ${SECONDS}s" >> $log
-for r in 1 2; do
+if [[ $short != 1 ]]; then
+  OUT=$OUT/ab_bf16 ROUNDS=2 WARM=0 timeout 100 bash benchmarks/ab_trees.sh abl10/main abl10/both \
+    -- --vocab 128256 --dtype bfloat16 --modes $modes --batches 1,32 --k 20 --no-step --pdl \
+    > $OUT/ab_bf16.txt 2>&1
+  echo "ab_trees 128256 rc=$? ${SECONDS}s" >> $log
+fi
+for r in $(seq 1 $rounds); do
   order="main gap beat both"; [[ $r == 2 ]] && order="both beat gap main"
+  [[ $short == 1 ]] && order="main gap race"
   for t in $order; do warm_rows $R/abl10/$t $t 152064 float32 9-300 _$r; done
 done
 close_call
-tail -9 $OUT/ab.txt; tail -11 $OUT/ab_large.txt; tail -9 $OUT/ab_bf16.txt
-for t in main gap beat both; do echo "== $t"; tail -1 $OUT/warm_${t}_152064_1.txt; tail -1 $OUT/warm_${t}_152064_2.txt; done
+tail -9 $OUT/ab.txt; tail -11 $OUT/ab_large.txt; tail -9 $OUT/ab_bf16.txt 2>/dev/null
+for f in $OUT/warm_*.txt; do echo "== $f"; tail -1 $f; done
