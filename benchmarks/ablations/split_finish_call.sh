@@ -24,16 +24,9 @@ deep=("$d -k bitmask" "$d -k kept_winners and 16" "$d -k kept_winners and not 16
       "$d -k not kept_winners and not bitmask" "$g -k deep_nucleus_full_vocabulary and 16")
 split=("$n tests/sample/test_search.py" "$g -k split_nucleus" "$g -k large_batches"
        "$g -k benchmark_settings and top_p and dtype0" "$g -k benchmark_settings and top_p and dtype1")
-shard() {  # shard TREE N "FILES -k EXPRESSION"
-  local files=${3%% -k *} k=
-  [[ $3 == *" -k "* ]] && k=${3#* -k }
-  (cd "$R/abl10/$1" && TRITON_CACHE_DIR=$R/.triton_cache_tests_$1 timeout -k 5 "${LIMIT:-500}" \
-     python3 -m pytest -q -rs -p no:cacheprovider $files ${k:+-k "$k"} > "$OUT/tests_$2_$1.txt" 2>&1) &
-}
 short=${SHORT:-0} small=(abl10/main abl10/gap abl10/beat abl10/both abl10/race) rounds=2
 [[ $short == 1 ]] && deep=() split=("${split[@]:0:4}") small=(abl10/main abl10/gap abl10/race) rounds=1
-i=0
-for s in "${deep[@]}" "${split[@]}"; do shard race $i "$s"; i=$((i + 1)); done
+TREE=$R/abl10/race test_shards "${LIMIT:-500}" "${deep[@]}" "${split[@]}"
 modes=top_p_warm,top_p,top_k_top_p,greedy
 OUT=$OUT/ab ROUNDS=2 WARM=0 timeout 200 bash benchmarks/ab_trees.sh "${small[@]}" -- \
   --vocab 152064 --dtype float32 --modes $modes --batches 1,32 --k 20 --no-step --pdl \
