@@ -156,9 +156,9 @@ def assert_winners_checked(ws, rows, programs):
     row's weighing by all of them (`deep_split`), whose intervals answer the check."""
     paths = ws.paths()
     assert paths["deep"] == 0 and paths["draw_fallback"] == 0, paths
-    by_row, other = ("counted", "deep_split") if programs == 1 else ("deep_split", "counted")
+    taken, other = ("counted", "deep_split") if programs == 1 else ("deep_split", "counted")
     assert paths[other] == 0, paths
-    by_row = paths[by_row]
+    by_row = paths[taken]
     assert ws.pool_checks() + by_row == rows, (ws.pool_checks(), paths)
     assert ws.pool_checks() > 0 and by_row > 0, (ws.pool_checks(), paths)
 
