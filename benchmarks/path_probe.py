@@ -12,9 +12,10 @@ each call it rebuilds every random row's pool on the host from the chunks' repor
 (every token at or above its chunk's floor was captured) and prints, for the calls whose
 counters moved and for rows near their pool's edge, what decides the finish's path: the pool's
 size, its mass above the floor against top_p times the norm (float64), where the threshold and
-the unfiltered winner lie against the floor. With --out it saves each such call's rows (logits,
-partials, pool) as `DIR/call_<way>_<i>.npz` and those rows' logits as `DIR/rows.npz`, to replay
-the finish off the GPU.
+the unfiltered winner lie against the floor, and any row whose pool word the launch left set
+(`pool_words_left`: every launch should leave them at zero). With --out it saves each such
+call's rows (logits, partials, pool) as `DIR/call_<way>_<i>.npz` and those rows' logits as
+`DIR/rows.npz`, to replay the finish off the GPU.
 """
 
 from __future__ import annotations
@@ -105,12 +106,17 @@ def main(argv=None):
     names = list(STAT_NAMES)
 
     def snapshot():
-        return (ws.stats.clone(), ws.partials.clone(), ws.pool.clone())
+        return (ws.stats.clone(), ws.partials.clone(), ws.pool.clone(), ws.fill.clone())
 
     def report(way, i, stats_before, snap):
-        stats, parts, pool = (t.cpu().numpy() for t in snap)
+        stats, parts, pool, fill = (t.cpu().numpy() for t in snap)
         moved = {n: int(stats[STAT_NAMES[n]] - stats_before[STAT_NAMES[n]]) for n in names}
         moved = {n: v for n, v in moved.items() if v}
+        # Every launch leaves every row's pool word at zero; one left set is the next launch's
+        # count (and its finish programs' arrivals), and the row's pool stays unusable.
+        left = {r: hex(int(fill[2 * r]) & 0xFFFFFFFF) for r in range(rows) if fill[2 * r]}
+        if left:
+            moved["pool_words_left"] = left
         parts = parts.reshape(rows, NUM_PART, splits)
         described = [(r, facts[r].describe(parts[r])) for r in range(rows)]
         near = [(r, d) for r, d in described if d["missing"] or d["winner_below"]

@@ -5,10 +5,12 @@ Gumbel winner (the scan draws it at small batch) lies at or below the pool's flo
 Such a row, settled by one program, passes over the whole row several times: a count that checks
 the winner against the nucleus, then the deep draw's weighing and copying passes (`deep`): ~390
 µs at V = 152064 fp32 on an H100, against ~30 for a row its pool settles. The row's finish
-programs cannot meet between passes, so each decides alone, from what the scan left, that the
-row needs its row (`wants_row`): the winner's score is at or below the pool's floor, so the pool
-cannot check it, and the pool's mass (every score above the floor is in it) falls short of
-top_p * norm, so the threshold lies below the pool. Then:
+programs cannot wait for one another between passes. Each finds alone, from what the scan
+left, that the winner's score is at or below the pool's floor (`winner_below`), so the pool
+cannot check it; whether the pool's mass (every score above the floor is in it) falls short of
+top_p * norm, so that the threshold lies below the pool, the first of them to weigh the pool
+publishes for all (`nucleus.agree_wide`): the split draw's programs reorder the pool in place
+once they know, so a later program's sum over it need not match. The row then needs its row:
 1. `weigh_span`, in each of the row's PROGRAMS programs: a 1/PROGRAMS span of the row weighed
    at the deep draw's first pivots (`deep.first_offsets`, the same in every program): per
    interval between two pivots, its mass, count and Gumbel-max winner, stored to the row's
@@ -28,7 +30,7 @@ import triton
 import triton.language as tl
 
 from graphshard.sample import rng
-from graphshard.sample.candidates import PIVOTS, STAT_WORDS, mass_above
+from graphshard.sample.candidates import PIVOTS, STAT_WORDS
 from graphshard.sample.deep import first_offsets
 from graphshard.sample.resolve import combine_max, token_index
 from graphshard.sample.rows import load_four
@@ -50,18 +52,13 @@ def span_size(vocab, programs, lanes):
 
 
 @triton.jit
-def wants_row(row_ptr, part, pool_x, pool_id, n_pool, inv_temp, max_s, lo, target,
-              VOCAB: tl.constexpr, SPLITS: tl.constexpr, CAP: tl.constexpr, TILE: tl.constexpr):
-    """Whether a top-p row's programs weigh its row (module docstring), for a whole pool of
-    `n_pool` entries; `lo`: the best score an uncaptured token can have. The same answer in
-    every program of the row: it reads only what the scan left."""
+def winner_below(row_ptr, part, inv_temp, lo, VOCAB: tl.constexpr, SPLITS: tl.constexpr):
+    """Whether the scan's unfiltered winner of a top-p row scores at or below `lo`, the best
+    score an uncaptured token can have: the pool cannot check it. The same answer in every
+    program of the row: it reads only what the scan left."""
     winner = combine_max(part, P_MAX_Z, P_ARG_Z, SPLITS)[1]
     v_s = tl.load(row_ptr + token_index(winner, VOCAB)).to(tl.float32)
-    below = v_s * inv_temp <= lo
-    wanted = below
-    if below:
-        wanted = mass_above(pool_x, pool_id, n_pool, inv_temp, max_s, lo, CAP, TILE) < target
-    return wanted
+    return v_s * inv_temp <= lo
 
 
 @triton.jit

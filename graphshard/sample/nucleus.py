@@ -25,10 +25,10 @@ import triton.language as tl
 
 from graphshard.sample import rng
 from graphshard.sample.candidates import (PIVOTS, SHORT_POOL, STAT_WORDS, floor_score,
-                                          mass_pivots, mass_threshold)
+                                          mass_above, mass_pivots, mass_threshold)
 from graphshard.sample.floors import ID_BITS
 from graphshard.sample.deep import no_interval
-from graphshard.sample.deep_split import first_interval, first_pivots, wants_row, weigh_span
+from graphshard.sample.deep_split import first_interval, first_pivots, weigh_span, winner_below
 from graphshard.sample.resolve import load_part, softmax_mass
 from graphshard.sample.workspace import (P_FLOOR_S, P_MAX_X, P_SUM_S, STAT_DEEP_SPLIT, STAT_SPLIT,
                                           padded)
@@ -37,14 +37,19 @@ from graphshard.sample.workspace import (P_FLOOR_S, P_MAX_X, P_SUM_S, STAT_DEEP_
 # program's results as one [MAX_PROGRAMS, PIVOTS] block).
 MAX_PROGRAMS = tl.constexpr(16)
 _NO_ID = tl.constexpr(2147483647)
-# The row's pool count word (`fill`) doubles as the finish programs' arrival counter: the low
-# COUNT_BITS hold the count the scan left, and each program adds OPENED when it reads it and
-# (with a slice) WEIGHED when its slice is weighed. The program that completes the count resets
-# the word for the next launch.
+# The row's pool count word (`fill`) doubles as the finish programs' arrival counter and
+# their one shared decision: the low COUNT_BITS hold the count the scan left, each program adds
+# OPENED when it reads it and (with a slice or a span) WEIGHED when its part is weighed, and
+# DECIDED, with WIDE or not, records whether the row's programs weigh its row (`agree_wide`).
+# The program that completes the count resets the word for the next launch. Five bits count up
+# to MAX_PROGRAMS arrivals of each kind.
 COUNT_BITS = tl.constexpr(20)
 _COUNT_MASK = tl.constexpr((1 << 20) - 1)
 _OPENED = tl.constexpr(1 << 20)
-_WEIGHED = tl.constexpr(1 << 26)
+_WEIGHED = tl.constexpr(1 << 25)
+_ARRIVALS = tl.constexpr(31)
+DECIDED = tl.constexpr(1 << 30)
+WIDE = tl.constexpr(-(1 << 31))  # bit 31 of the int32 word
 
 
 @triton.jit
@@ -90,8 +95,16 @@ def split_nucleus(fill, part, pool_x, pool_id, stats_ptr, counters, row, VOCAB: 
         target = top_p * softmax_mass(part, P_MAX_X, P_SUM_S, max_s, inv_temp, SPLITS)
         wide = (n_pool <= CAP) & (n_pool > 0)
         if wide:
-            wide = wants_row(row_ptr, part, pool_x, pool_id, n_pool, inv_temp, max_s, lo, target,
-                             VOCAB, SPLITS, CAP, TILE)
+            wide = winner_below(row_ptr, part, inv_temp, lo, VOCAB, SPLITS)
+        if wide:
+            # Whether the pool falls short of the target is read off the pool, which a slice's
+            # program reorders as soon as it knows: the row's programs take one answer.
+            word = seen
+            if (word & DECIDED) == 0:
+                short = mass_above(pool_x, pool_id, n_pool, inv_temp, max_s, lo, CAP, TILE) \
+                    < target
+                word = agree_wide(fill, word, short)
+            wide = (word & WIDE) != 0
         if wide:
             active = PROGRAMS
             settles = q < 0
@@ -99,7 +112,7 @@ def split_nucleus(fill, part, pool_x, pool_id, stats_ptr, counters, row, VOCAB: 
             weigh_span(row_ptr, mask_row_ptr, mask_on, q, VOCAB, key, inv_temp, max_s, pivots,
                        stats_ptr, PROGRAMS, HAS_BITMASK)
             after = _arrive(fill, active, PROGRAMS)
-            if (after >> 26) == active:
+            if ((after >> 25) & _ARRIVALS) == active:
                 settles = q >= 0
                 drawn, token, first = first_interval(stats_ptr, pivots, target, PROGRAMS)
                 used = first[0]
@@ -113,7 +126,7 @@ def split_nucleus(fill, part, pool_x, pool_id, stats_ptr, counters, row, VOCAB: 
                             knot_pivots(part, lo, spread, inv_temp, n_pool, SPLITS), key,
                             stats_ptr, SLICE)
                 after = _arrive(fill, active, PROGRAMS)
-                if (after >> 26) == active:
+                if ((after >> 25) & _ARRIVALS) == active:
                     settles = q >= 0
                     used, thr, token = settle_split(pool_x, pool_id, stats_ptr, active, inv_temp,
                                                     max_s, target, key, SLICE)
@@ -184,8 +197,22 @@ def knot_pivots(part, lo, spread, inv_temp, n_pool, SPLITS: tl.constexpr):
 def _count_in(fill, seen, active, PROGRAMS: tl.constexpr):
     """Reset the pool word when `seen`, its value after one of the row's atomic adds, holds
     every program's OPENED and `active` WEIGHED: no program of the row reads it again."""
-    if (((seen >> 20) & 63) == PROGRAMS) & ((seen >> 26) == active):
+    if (((seen >> 20) & _ARRIVALS) == PROGRAMS) & (((seen >> 25) & _ARRIVALS) == active):
         close_pool(fill)
+
+
+@triton.jit
+def agree_wide(fill, word, wide):
+    """Publish `wide`, this program's answer, as the row's unless another program published
+    first -> the pool word holding the row's answer (DECIDED set; WIDE set when wide). `word`:
+    the pool word as this program last read it. A compare-and-swap from that word: a failed one
+    returns the word as it now is, and another arrival (OPENED) only changes the counts, so the
+    loop ends within the row's programs' arrivals. No program waits on another's progress."""
+    flag = DECIDED | tl.where(wide, WIDE, 0)
+    while (word & DECIDED) == 0:
+        old = tl.atomic_cas(fill, word, word | flag, sem="acq_rel", scope="gpu")
+        word = tl.where(old == word, word | flag, old)
+    return word
 
 
 @triton.jit

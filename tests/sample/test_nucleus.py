@@ -10,6 +10,8 @@ import math
 import numpy as np
 import pytest
 import torch
+import triton
+import triton.language as tl
 
 from graphshard.sample import kernels as sampler
 from graphshard.sample import nucleus
@@ -18,6 +20,48 @@ from tests.sample.test_sampler import (DEVICE, NO_SLOW_PATHS, assert_same, make_
                                        run_ref)
 
 VOCAB, CHUNK = 16000, 1024  # 16 chunks: the pivots take their knot from the chunk maxima
+
+
+@triton.jit
+def _agree_kernel(fill_ptr, mine_ptr, out_ptr, ARRIVAL: tl.constexpr):
+    """Each program arrives (as a finish program adds OPENED) and offers its own answer."""
+    q = tl.program_id(0)
+    word = tl.atomic_add(fill_ptr, ARRIVAL, sem="relaxed") + ARRIVAL
+    tl.store(out_ptr + q, nucleus.agree_wide(fill_ptr, word, tl.load(mine_ptr + q) != 0))
+
+
+def _agree(start: int, mine: list[bool]) -> tuple[list[int], int]:
+    """(each program's pool word after agreeing, the word left) from a word `start`."""
+    fill = torch.tensor([start], dtype=torch.int32, device=DEVICE)
+    out = torch.zeros(len(mine), dtype=torch.int32, device=DEVICE)
+    _agree_kernel[(len(mine),)](fill, torch.tensor(mine, dtype=torch.int32, device=DEVICE), out,
+                                ARRIVAL=1 << nucleus.COUNT_BITS.value)
+    return out.tolist(), int(fill.item())
+
+
+@pytest.mark.parametrize("mine", [[False, True, True, False], [True, False, False, False, False],
+                                  [True] * 16, [False] * 16])
+def test_the_rows_programs_take_one_answer_whatever_each_offers(mine):
+    """The split finish's programs reorder a pool as soon as they know the row's path, so a
+    program that weighed the pool later could answer otherwise; their arrival counts then never
+    complete, and the pool word stays set for every later launch. One answer is published, the
+    count the scan left is kept, and every program takes the answer."""
+    count, arrival = 1234, 1 << nucleus.COUNT_BITS.value
+    words, left = _agree(count, mine)
+    decided, wide = nucleus.DECIDED.value, nucleus.WIDE.value
+    answers = {w & wide != 0 for w in words}
+    assert len(answers) == 1 and answers <= set(mine)
+    assert all(w & decided for w in words)
+    flag = decided | (wide if answers.pop() else 0)
+    assert left == count + len(mine) * arrival | flag
+
+
+@pytest.mark.parametrize("published", [True, False])
+def test_a_published_answer_stands(published):
+    decided, wide = nucleus.DECIDED.value, nucleus.WIDE.value
+    start = 77 | decided | (wide if published else 0)
+    words, _ = _agree(start, [not published] * 4)
+    assert {w & wide != 0 for w in words} == {published}
 
 
 def test_knot_is_a_middle_rank_of_the_chunk_maxima():

@@ -117,6 +117,9 @@ def run_kernel(b: Batch, *, M=1, K=0, vocab_size=V, max_num_reqs=None, n=None, s
         seq_lens=i32(list(b.seq_lens) + [0] * pad), tables=tables, layout=layout,
         records=records, max_num_reqs=max_num_reqs, workspace=workspace, block_size=block_size,
         splits_per_program=splits_per_program, finish_programs=finish_programs, **kwargs)
+    if workspace is not None:
+        # The next launch captures into these: a word left set would be read as its count.
+        assert (workspace.fill == 0).all(), "a launch left a pool word set"
     return records.cpu(), layout
 
 
