@@ -70,6 +70,32 @@ def test_benchmark_settings_settle_from_candidates(name, dtype):
         assert split == 0
 
 
+def test_repeated_top_p_launches_leave_no_pool_word_set():
+    """32 top-p rows (16 finish programs each, two waves of them on an H100), their unfiltered
+    winners outside the nucleus (so below most pools' floors) and their top-p set so that most
+    pools' mass lies within a few percent of the target, launched 100 times into one workspace:
+    every launch leaves every pool word at zero (`run_kernel` checks), no row falls back, and
+    the tokens equal the reference. Before the row's programs took one answer to whether the
+    pool falls short (`nucleus.agree_wide`), a program summing a pool that another was
+    reordering could take the other path, the row's arrival count never completed, and its word
+    stayed set: every later launch fell back (BENCHMARKS.md, "A top-p row's pool word left
+    set": within 2 and 39 launches of the benchmark's top-p setting on an H100)."""
+    n = 32
+    rs = np.random.default_rng(11)
+    params = [SamplingParams(temperature=0.8, top_p=float(p), seed=i)
+              for i, p in enumerate(np.linspace(0.92, 0.945, n))]
+    b = make_batch(rs, params)
+    b.logits = torch.from_numpy(rs.standard_normal((n, PV)).astype(np.float32) * 3)
+    for i in range(n):
+        with_seed(b, i, kept=False, vocab=V)
+    want = run_ref(b, K=20, vocab_size=V)
+    ws = sampler.SamplerWorkspace.allocate(n, 1, V, "cuda")
+    for _ in range(100):
+        records, layout = run_kernel(b, K=20, vocab_size=V, block_size=None, workspace=ws)
+        assert_same(records, layout, want)
+    assert ws.paths()["draw_fallback"] == 0
+
+
 @pytest.mark.parametrize("programs", [1, 16])
 def test_split_nucleus_draw_full_vocabulary(programs):
     """Top-p rows alone and with logprobs, drawn with 1 and 16 finish programs per row, twice
