@@ -15,7 +15,9 @@ size, its mass above the floor against top_p times the norm (float64), where the
 the unfiltered winner lie against the floor, and any row whose pool word the launch left set
 (`pool_words_left`: every launch should leave them at zero). With --out it saves each such
 call's rows (logits, partials, pool) as `DIR/call_<way>_<i>.npz` and those rows' logits as
-`DIR/rows.npz`, to replay the finish off the GPU.
+`DIR/rows.npz`, to replay the finish off the GPU. (`benchmarks.floor_audit` checks the
+capture floors themselves against their bounds; this probe follows what the finish does with
+them, and the pool words it leaves.)
 """
 
 from __future__ import annotations
