@@ -79,7 +79,8 @@ def test_repeated_top_p_launches_leave_no_pool_word_set():
     pool falls short (`nucleus.agree_wide`), a program summing a pool that another was
     reordering could take the other path, the row's arrival count never completed, and its word
     stayed set: every later launch fell back (BENCHMARKS.md, "A top-p row's pool word left
-    set": within 2 and 39 launches of the benchmark's top-p setting on an H100)."""
+    set": at the 3rd launch of one run of the benchmark's top-p setting on an H100, and the
+    100th of another)."""
     n = 32
     rs = np.random.default_rng(11)
     params = [SamplingParams(temperature=0.8, top_p=float(p), seed=i)
