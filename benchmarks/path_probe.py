@@ -13,11 +13,11 @@ each call it rebuilds every random row's pool on the host from the chunks' repor
 counters moved and for rows near their pool's edge, what decides the finish's path: the pool's
 size, its mass above the floor against top_p times the norm (float64), where the threshold and
 the unfiltered winner lie against the floor, and any row whose pool word the launch left set
-(`pool_words_left`: every launch should leave them at zero). With --out it saves each such
-call's rows (logits, partials, pool) as `DIR/call_<way>_<i>.npz` and those rows' logits as
-`DIR/rows.npz`, to replay the finish off the GPU. (`benchmarks.floor_audit` checks the
-capture floors themselves against their bounds; this probe follows what the finish does with
-them, and the pool words it leaves.)
+(`pool_words_left`: every launch should leave them at zero). With --out it saves, for each
+call whose counters moved, every row's partials and the printed rows' pools as
+`DIR/call_<way>_<i>.npz`, and those rows' logits once as `DIR/rows.npz`, to replay the finish
+off the GPU. (`benchmarks.floor_audit` checks the capture floors themselves against their
+bounds; this probe follows what the finish does with them, and the pool words it leaves.)
 """
 
 from __future__ import annotations
@@ -31,9 +31,6 @@ import torch
 from benchmarks.profile_kernels import compile_ahead
 from benchmarks.sampling_modes import MODES, make_logits, sampler_call
 from graphshard.sample.workspace import (NUM_PART, P_ARG_Z, P_FLOOR_S, P_MAX_Z, STAT_NAMES)
-
-SAVED_FIELDS = ("logits", "partials", "pool")
-
 
 def parse_args(argv=None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])

@@ -740,7 +740,7 @@ def test_workspace_reused_across_batch_sizes_and_stale_contents():
         records, layout = run_kernel(head, M=2, vocab_size=SV, max_num_reqs=bound,
                                      block_size=32, workspace=ws)
         assert_same(records, layout, {k: v[:n] for k, v in want.items()})
-        assert (ws.fill == 0).all() and (ws.arrivals == 0).all()
+        assert (ws.arrivals == 0).all()  # the pool words: `run_kernel` checks them
 
 
 def test_default_chunks_depend_on_the_vocabulary_only():
