@@ -31,7 +31,7 @@ from graphshard.sample.deep import no_interval
 from graphshard.sample.deep_split import first_interval, first_pivots, weigh_span, winner_below
 from graphshard.sample.resolve import load_part, softmax_mass
 from graphshard.sample.workspace import (P_FLOOR_S, P_MAX_X, P_SUM_S, STAT_DEEP_SPLIT, STAT_SPLIT,
-                                          padded)
+                                          STAT_SPLIT_BEATEN, padded)
 
 # The most programs a row's finish may have (a power of two: the last program loads every
 # program's results as one [MAX_PROGRAMS, PIVOTS] block).
@@ -48,6 +48,7 @@ _COUNT_MASK = tl.constexpr((1 << 20) - 1)
 _OPENED = tl.constexpr(1 << 20)
 _WEIGHED = tl.constexpr(1 << 25)
 _ARRIVALS = tl.constexpr(31)
+_NOT_OPENED = tl.constexpr(~(31 << 20))
 DECIDED = tl.constexpr(1 << 30)
 WIDE = tl.constexpr(-(1 << 31))  # bit 31 of the int32 word
 
@@ -103,7 +104,7 @@ def split_nucleus(fill, part, pool_x, pool_id, stats_ptr, counters, row, VOCAB: 
             if (word & DECIDED) == 0:
                 short = mass_above(pool_x, pool_id, n_pool, inv_temp, max_s, lo, CAP, TILE) \
                     < target
-                word = agree_wide(fill, word, short)
+                word = agree_wide(fill, word, short, PROGRAMS)
             wide = (word & WIDE) != 0
         if wide:
             active = PROGRAMS
@@ -122,17 +123,20 @@ def split_nucleus(fill, part, pool_x, pool_id, stats_ptr, counters, row, VOCAB: 
             active = (n_pool + SLICE - 1) // SLICE
             settles = q < 0
             if q < active:
-                weigh_slice(pool_x, pool_id, n_pool, q, inv_temp, max_s, lo,
-                            knot_pivots(part, lo, spread, inv_temp, n_pool, SPLITS), key,
+                pivots = knot_pivots(part, lo, spread, inv_temp, n_pool, SPLITS)
+                weigh_slice(pool_x, pool_id, n_pool, q, inv_temp, max_s, lo, pivots, key,
                             stats_ptr, SLICE)
                 after = _arrive(fill, active, PROGRAMS)
                 if ((after >> 25) & _ARRIVALS) == active:
                     settles = q >= 0
-                    used, thr, token = settle_split(pool_x, pool_id, stats_ptr, active, inv_temp,
-                                                    max_s, target, key, SLICE)
+                    used, thr, token, beaten = settle_split(pool_x, pool_id, stats_ptr, active,
+                                                            pivots, inv_temp, max_s, target, key,
+                                                            SLICE)
                     drawn = used & (thr > lo)
                     if used:
                         tl.atomic_add(counters + STAT_SPLIT, 1, sem="relaxed")
+                    if beaten:
+                        tl.atomic_add(counters + STAT_SPLIT_BEATEN, 1, sem="relaxed")
     _count_in(fill, seen, active, PROGRAMS)
     return n_pool, settles, (used, drawn, token, first)
 
@@ -202,16 +206,22 @@ def _count_in(fill, seen, active, PROGRAMS: tl.constexpr):
 
 
 @triton.jit
-def agree_wide(fill, word, wide):
+def agree_wide(fill, word, wide, PROGRAMS: tl.constexpr):
     """Publish `wide`, this program's answer, as the row's unless another program published
     first -> the pool word holding the row's answer (DECIDED set; WIDE set when wide). `word`:
-    the pool word as this program last read it. A compare-and-swap from that word: a failed one
-    returns the word as it now is, and another arrival (OPENED) only changes the counts, so the
-    loop ends within the row's programs' arrivals. No program waits on another's progress."""
+    the pool word as this program last read it. A compare-and-swap from that word with every
+    one of the row's PROGRAMS programs opened: they open as they start, before any has summed
+    the pool, so the first swap of the first program to sum finds the word it expects; with
+    the word as this program read it, that swap would fail on every later opening and take a
+    second round trip. A failed swap returns the word as it now is, and another arrival
+    (OPENED) only changes the counts, so the loop ends within the row's programs' arrivals. No
+    program waits on another's progress."""
     flag = DECIDED | tl.where(wide, WIDE, 0)
+    expect = (word & _NOT_OPENED) | (PROGRAMS << 20)
     while (word & DECIDED) == 0:
-        old = tl.atomic_cas(fill, word, word | flag, sem="acq_rel", scope="gpu")
-        word = tl.where(old == word, word | flag, old)
+        old = tl.atomic_cas(fill, expect, expect | flag, sem="acq_rel", scope="gpu")
+        word = tl.where(old == expect, expect | flag, old)
+        expect = old
     return word
 
 
@@ -256,12 +266,16 @@ def weigh_slice(pool_x_ptr, pool_id_ptr, n_cand, q, inv_temp, max_s, lo, pivots,
 
 
 @triton.jit
-def settle_split(pool_x_ptr, pool_id_ptr, stats_ptr, active, inv_temp, max_s, target, key,
-                 SLICE: tl.constexpr):
-    """The last program's part, once `active` programs have weighed their slices -> (settled,
-    threshold, token). Not settled when the interval that holds the threshold has more than
-    SHORT_POOL entries (the caller searches the whole pool). A threshold of -inf: the counted
-    mass does not reach `target` (the pool cannot prove the threshold)."""
+def settle_split(pool_x_ptr, pool_id_ptr, stats_ptr, active, pivots, inv_temp, max_s, target,
+                 key, SLICE: tl.constexpr):
+    """The last program's part, once `active` programs have weighed their slices at `pivots`
+    -> (settled, threshold, token, beaten). Not settled when the interval that holds the
+    threshold has more than SHORT_POOL entries (the caller searches the whole pool). A
+    threshold of -inf: the counted mass does not reach `target` (the pool cannot prove the
+    threshold). `beaten`: the best Gumbel score above the threshold's interval beats every one
+    in it, so that score's token is the answer whatever the threshold in the interval, and no
+    gather or sort runs; the threshold returned is then the interval's lower pivot, a lower
+    bound of it, which tells the caller whether the pool settled the row."""
     at = tl.arange(0, PIVOTS)
     progs = tl.arange(0, MAX_PROGRAMS)
     cell = stats_ptr + progs[:, None] * STAT_WORDS + at[None, :]  # [MAX_PROGRAMS, PIVOTS]
@@ -277,6 +291,7 @@ def settle_split(pool_x_ptr, pool_id_ptr, stats_ptr, active, inv_temp, max_s, ta
     above = tl.sum(tl.where(at[None, :] >= at[:, None], interval_mass[None, :], 0.0), axis=1)
     j = tl.max(tl.where(above >= target, at, -1), axis=0)
     settled = j < 0  # no threshold: the pool cannot prove one
+    beaten = j < -1
     thr = tl.full((), float("-inf"), tl.float32)
     token = tl.full((), 0, tl.int32)
     if j >= 0:
@@ -291,16 +306,25 @@ def settle_split(pool_x_ptr, pool_id_ptr, stats_ptr, active, inv_temp, max_s, ta
                         axis=0)
         z = tl.full((), float("-inf"), tl.float32)
         z_id = tl.full((), _NO_ID, tl.int32)
+        # Every score above the interval is in the nucleus. When the best of them beats the
+        # interval's best (strictly: a tie would need the interval's ids), it beats those of
+        # the interval's scores at or above the threshold too. The first interval starts at
+        # the floor, where the threshold must be found to tell whether the pool settled it.
+        in_best = tl.max(tl.max(tl.where(here & (at[None, :] == j), best_z, float("-inf")),
+                                axis=1), axis=0)
+        beaten = (j > 0) & (top_z > in_best)
         # An empty interval (the separately rounded sums disagree) or one past a short sort
         # (a pool of more than ~4000 entries, or thousands of ties): the caller searches the
         # whole pool.
-        settled = (n_in > 0) & (n_in <= SHORT_POOL)
-        if settled:
+        settled = beaten | ((n_in > 0) & (n_in <= SHORT_POOL))
+        if beaten:
+            thr = tl.max(tl.where(at == j, pivots, float("-inf")), axis=0)
+        elif settled:
             thr, z, z_id = _settle_interval(pool_x_ptr, pool_id_ptr, in_j, at_j, inv_temp, max_s,
                                             carry, target, key, SHORT_POOL)
         better = (z > top_z) | ((z == top_z) & (z_id < top_id))
         token = tl.where(better, z_id, top_id)
-    return settled, thr, token
+    return settled, thr, token, beaten
 
 
 @triton.jit

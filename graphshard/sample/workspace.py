@@ -66,7 +66,7 @@ P_FLOOR_R = tl.constexpr(6)  # tokens with a raw logit below this were not captu
 P_MAX_R = tl.constexpr(7)  # max raw logit
 P_SUM_R = tl.constexpr(8)  # sum exp(raw - chunk max raw)
 P_SUM_S = tl.constexpr(9)  # sum exp(s - chunk max s) over the allowed tokens
-NUM_STATS = tl.constexpr(7)
+NUM_STATS = tl.constexpr(8)
 STAT_DRAWS = tl.constexpr(0)
 STAT_LOGPROBS = tl.constexpr(1)
 STAT_COUNTS = tl.constexpr(2)
@@ -78,6 +78,9 @@ STAT_POOL_CHECKS = tl.constexpr(5)
 # Top-p rows whose nucleus reached below the pool and whose unfiltered winner lay below every
 # floor, weighed over the row by all of the row's finish programs (`deep_split`).
 STAT_DEEP_SPLIT = tl.constexpr(6)
+# Of the STAT_SPLIT rows, those whose best Gumbel score above the threshold's interval beat the
+# interval's, settled without gathering it (not a slower path).
+STAT_SPLIT_BEATEN = tl.constexpr(7)
 # The slower paths `SamplerWorkspace.paths` reports, by stats word.
 STAT_NAMES = {"draw_fallback": STAT_DRAWS.value, "logprobs_fallback": STAT_LOGPROBS.value,
               "counted": STAT_COUNTS.value, "deep": STAT_DEEP.value,
@@ -212,6 +215,12 @@ class SamplerWorkspace:
         """How many top-p rows since allocation were drawn by several programs of the finish
         (`graphshard.sample.nucleus`). Reads the device: for tests and benchmarks."""
         return int(self.stats[STAT_SPLIT.value])
+
+    def split_draws_beaten(self) -> int:
+        """How many of the `split_draws` rows were settled by the best Gumbel score above the
+        threshold's interval, without gathering and sorting the interval. Reads the device: for
+        tests and benchmarks."""
+        return int(self.stats[STAT_SPLIT_BEATEN.value])
 
     def pool_checks(self) -> int:
         """How many top-p rows since allocation had their unfiltered winner checked against the
