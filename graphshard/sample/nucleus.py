@@ -218,12 +218,20 @@ def agree_wide(fill, word, wide, PROGRAMS: tl.constexpr):
     the word as this program read it, that swap would fail on every later opening and take a
     second round trip. A failed swap returns the word as it now is, and another arrival
     (OPENED) only changes the counts, so the loop ends within the row's programs' arrivals. No
-    program waits on another's progress."""
+    program waits on another's progress.
+
+    A swap that finds no arrival at all finds the word reset (`_count_in`): every program
+    opened and every program with a part arrived before this one decided, so the row's answer
+    was not wide (a wide row waits for all its programs' parts) and this program has no slice.
+    It takes that answer and writes nothing: a swap into the reset word would leave DECIDED
+    in it for the next launch, whose captures would land past the pool and whose programs
+    would take this launch's answer."""
     flag = DECIDED | tl.where(wide, WIDE, 0)
     expect = (word & _NOT_OPENED) | (PROGRAMS << 20)
     while (word & DECIDED) == 0:
         old = tl.atomic_cas(fill, expect, expect | flag, sem="acq_rel", scope="gpu")
-        word = tl.where(old == expect, expect | flag, old)
+        reset = ((old >> 20) & _ARRIVALS) == 0
+        word = tl.where(old == expect, expect | flag, tl.where(reset, DECIDED, old))
         expect = old
     return word
 

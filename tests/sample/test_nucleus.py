@@ -77,6 +77,24 @@ def test_the_answer_is_taken_when_every_program_opened_before_any_offers(mine):
     assert left & ~wide == start | decided and (left & wide != 0) in mine
 
 
+@triton.jit
+def _agree_after_reset_kernel(fill_ptr, seen, out_ptr, PROGRAMS: tl.constexpr):
+    """A program that read the word as `seen` when it opened offers WIDE to a word since reset."""
+    tl.store(out_ptr, nucleus.agree_wide(fill_ptr, seen, seen >= 0, PROGRAMS))
+
+
+@pytest.mark.parametrize("opened", [1, 5, 16])
+def test_a_program_deciding_after_the_reset_takes_the_answer_and_writes_nothing(opened):
+    """Every program opened and every program with a slice arrived while this one was still
+    summing the pool: the word is reset. It takes "not wide" and leaves the word at zero (a
+    DECIDED written there would sit in the next launch's count word)."""
+    fill = torch.zeros(1, dtype=torch.int32, device=DEVICE)
+    out = torch.zeros(1, dtype=torch.int32, device=DEVICE)
+    seen = 1234 + opened * (1 << nucleus.COUNT_BITS.value)
+    _agree_after_reset_kernel[(1,)](fill, seen, out, PROGRAMS=16)
+    assert int(out.item()) == nucleus.DECIDED.value and int(fill.item()) == 0
+
+
 @pytest.mark.parametrize("published", [True, False])
 def test_a_published_answer_stands(published):
     decided, wide = nucleus.DECIDED.value, nucleus.WIDE.value
