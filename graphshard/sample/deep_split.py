@@ -151,12 +151,18 @@ def first_interval(stats_ptr, pivots, target, PROGRAMS: tl.constexpr):
     hi = tl.max(tl.where(at == j - 1, pivots, float("-inf")), axis=0)
     carry = tl.sum(tl.where(at == j - 1, mass_at, 0.0), axis=0)
     above = tl.sum(tl.where(at == j - 1, count_at, 0), axis=0)
-    upper = (at < j)[None, :]
-    top_z = tl.max(tl.max(tl.where(upper, best_z, float("-inf")), axis=1), axis=0)
-    top_id = tl.min(tl.min(tl.where(upper & (best_z == top_z), best_id, _NO_ID), axis=1), axis=0)
-    inside = (at == j)[None, :]
-    in_z = tl.max(tl.max(tl.where(inside, best_z, float("-inf")), axis=1), axis=0)
-    in_id = tl.min(tl.min(tl.where(inside & (best_z == in_z), best_id, _NO_ID), axis=1), axis=0)
+    top_z, top_id = best_cell(best_z, best_id, (at < j)[None, :])
+    in_z, in_id = best_cell(best_z, best_id, (at == j)[None, :])
     # Every score in the interval that the threshold keeps has a Gumbel score of at most in_z.
     settled = known & ((top_z > in_z) | ((top_z == in_z) & (top_id < in_id)))
     return settled, top_id, (known, lo, hi, carry, above, n_in, top_z, top_id)
+
+
+@triton.jit
+def best_cell(best_z, best_id, cells):
+    """The best of the Gumbel-max winners stored per program and interval ([programs, PIVOTS],
+    as `weigh_span` and `nucleus.weigh_slice` store them) where `cells` holds -> (its score,
+    its lowest id)."""
+    z = tl.max(tl.max(tl.where(cells, best_z, float("-inf")), axis=1), axis=0)
+    z_id = tl.min(tl.min(tl.where(cells & (best_z == z), best_id, _NO_ID), axis=1), axis=0)
+    return z, z_id

@@ -31,7 +31,8 @@ from graphshard.sample.candidates import (PIVOTS, SHORT_POOL, STAT_WORDS, floor_
                                           mass_above, mass_pivots, mass_threshold)
 from graphshard.sample.floors import ID_BITS
 from graphshard.sample.deep import no_interval
-from graphshard.sample.deep_split import first_interval, first_pivots, weigh_span, winner_below
+from graphshard.sample.deep_split import (best_cell, first_interval, first_pivots, weigh_span,
+                                          winner_below)
 from graphshard.sample.resolve import load_part, softmax_mass
 from graphshard.sample.workspace import (P_FLOOR_S, P_MAX_X, P_SUM_S, STAT_DEEP_SPLIT, STAT_SPLIT,
                                           STAT_SPLIT_BEATEN, padded)
@@ -48,6 +49,8 @@ _NO_ID = tl.constexpr(2147483647)
 # to MAX_PROGRAMS arrivals of each kind.
 COUNT_BITS = tl.constexpr(20)
 _COUNT_MASK = tl.constexpr((1 << 20) - 1)
+_OPENED_SHIFT = tl.constexpr(20)
+_WEIGHED_SHIFT = tl.constexpr(25)
 _OPENED = tl.constexpr(1 << 20)
 _WEIGHED = tl.constexpr(1 << 25)
 _ARRIVALS = tl.constexpr(31)
@@ -116,7 +119,7 @@ def split_nucleus(fill, part, pool_x, pool_id, stats_ptr, counters, row, VOCAB: 
             weigh_span(row_ptr, mask_row_ptr, mask_on, q, VOCAB, key, inv_temp, max_s, pivots,
                        stats_ptr, PROGRAMS, HAS_BITMASK)
             after = _arrive(fill, active, PROGRAMS)
-            if ((after >> 25) & _ARRIVALS) == active:
+            if _weighed(after) == active:
                 settles = q >= 0
                 drawn, token, first = first_interval(stats_ptr, pivots, target, PROGRAMS)
                 used = first[0]
@@ -130,7 +133,7 @@ def split_nucleus(fill, part, pool_x, pool_id, stats_ptr, counters, row, VOCAB: 
                 weigh_slice(pool_x, pool_id, n_pool, q, inv_temp, max_s, lo, pivots, key,
                             stats_ptr, SLICE)
                 after = _arrive(fill, active, PROGRAMS)
-                if ((after >> 25) & _ARRIVALS) == active:
+                if _weighed(after) == active:
                     settles = q >= 0
                     used, thr, token, beaten = settle_split(pool_x, pool_id, stats_ptr, active,
                                                             pivots, inv_temp, max_s, target, key,
@@ -204,8 +207,20 @@ def knot_pivots(part, lo, spread, inv_temp, n_pool, SPLITS: tl.constexpr):
 def _count_in(fill, seen, active, PROGRAMS: tl.constexpr):
     """Reset the pool word when `seen`, its value after one of the row's atomic adds, holds
     every program's OPENED and `active` WEIGHED: no program of the row reads it again."""
-    if (((seen >> 20) & _ARRIVALS) == PROGRAMS) & (((seen >> 25) & _ARRIVALS) == active):
+    if (_opened(seen) == PROGRAMS) & (_weighed(seen) == active):
         close_pool(fill)
+
+
+@triton.jit
+def _opened(word):
+    """The OPENED arrivals a pool word holds."""
+    return (word >> _OPENED_SHIFT) & _ARRIVALS
+
+
+@triton.jit
+def _weighed(word):
+    """The WEIGHED arrivals a pool word holds."""
+    return (word >> _WEIGHED_SHIFT) & _ARRIVALS
 
 
 @triton.jit
@@ -227,10 +242,10 @@ def agree_wide(fill, word, wide, PROGRAMS: tl.constexpr):
     in it for the next launch, whose captures would land past the pool and whose programs
     would take this launch's answer."""
     flag = DECIDED | tl.where(wide, WIDE, 0)
-    expect = (word & _NOT_OPENED) | (PROGRAMS << 20)
+    expect = (word & _NOT_OPENED) | (PROGRAMS * _OPENED)
     while (word & DECIDED) == 0:
         old = tl.atomic_cas(fill, expect, expect | flag, sem="acq_rel", scope="gpu")
-        reset = ((old >> 20) & _ARRIVALS) == 0
+        reset = _opened(old) == 0
         word = tl.where(old == expect, expect | flag, tl.where(reset, DECIDED, old))
         expect = old
     return word
@@ -311,18 +326,14 @@ def settle_split(pool_x_ptr, pool_id_ptr, stats_ptr, active, pivots, inv_temp, m
         at_j = progs * SLICE + tl.sum(tl.where(at[None, :] < j, count, 0), axis=1)
         n_in = tl.sum(in_j, axis=0)
         carry = tl.sum(tl.where(at == j + 1, above, 0.0), axis=0)  # the mass above the interval
-        upper = here & (at[None, :] > j)
-        top_z = tl.max(tl.max(tl.where(upper, best_z, float("-inf")), axis=1), axis=0)
-        top_id = tl.min(tl.min(tl.where(upper & (best_z == top_z), best_id, _NO_ID), axis=1),
-                        axis=0)
+        top_z, top_id = best_cell(best_z, best_id, here & (at[None, :] > j))
         z = tl.full((), float("-inf"), tl.float32)
         z_id = tl.full((), _NO_ID, tl.int32)
         # Every score above the interval is in the nucleus. When the best of them beats the
         # interval's best (strictly: a tie would need the interval's ids), it beats those of
         # the interval's scores at or above the threshold too. The first interval starts at
         # the floor, where the threshold must be found to tell whether the pool settled it.
-        in_best = tl.max(tl.max(tl.where(here & (at[None, :] == j), best_z, float("-inf")),
-                                axis=1), axis=0)
+        in_best = best_cell(best_z, best_id, here & (at[None, :] == j))[0]
         beaten = (j > 0) & (top_z > in_best)
         # An empty interval (the separately rounded sums disagree) or one past a short sort
         # (a pool of more than ~4000 entries, or thousands of ties): the caller searches the
