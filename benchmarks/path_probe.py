@@ -32,6 +32,7 @@ from benchmarks.profile_kernels import compile_ahead
 from benchmarks.sampling_modes import MODES, make_logits, sampler_call
 from graphshard.sample.workspace import (NUM_PART, P_ARG_Z, P_FLOOR_S, P_MAX_Z, STAT_NAMES)
 
+
 def parse_args(argv=None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--vocab", type=int, default=152064)

@@ -17,14 +17,7 @@ g=tests/gpu/test_sampler_gpu.py
 test_shards "${LIMIT:-420}" "$g -k repeated" "$g -k split_nucleus" \
   "$g -k benchmark_settings and top_p and dtype0" "$g -k deep_nucleus_full_vocabulary and 16"
 TREE=$R/abl12/guess test_shards "${LIMIT:-420}" "tests/sample/test_nucleus.py tests/sample/test_search.py"
-for t in abl12/guess abl12/beat; do
-  name=$(basename $t)
-  cp benchmarks/path_probe.py $t/benchmarks/
-  (cd $t && timeout 60 python3 -m benchmarks.path_probe --vocab 152064 --dtype float32 \
-     --mode top_p --batch 32 --k 20 --pdl --calls 60 --out "$OUT/probe_$name" \
-     > "$OUT/probe_$name.txt" 2>&1)
-  echo "probe $name rc=$? ${SECONDS}s" >> "$log"
-done
+for t in abl12/guess abl12/beat; do path_probe $t "$(basename $t)"; done
 OUT=$OUT/ab ROUNDS=2 WARM=0 timeout 260 bash benchmarks/ab_trees.sh abl11/fix abl12/guess abl12/beat -- \
   --vocab 152064 --dtype float32 --modes top_p_warm,top_p,top_k_top_p,greedy --batches 1,32 \
   --k 20 --no-step --pdl > "$OUT/ab.txt" 2>&1

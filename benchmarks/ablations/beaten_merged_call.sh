@@ -15,11 +15,7 @@ g=tests/gpu/test_sampler_gpu.py
 TREE=$R/abl13/merged test_shards "${LIMIT:-240}" \
   "tests/sample/test_nucleus.py tests/sample/test_search.py" "$g -k repeated" \
   "$g -k benchmark_settings and top_p and dtype0"
-cp benchmarks/path_probe.py abl13/merged/benchmarks/
-(cd abl13/merged && timeout 60 python3 -m benchmarks.path_probe --vocab 152064 --dtype float32 \
-   --mode top_p --batch 32 --k 20 --pdl --calls 60 --out "$OUT/probe_merged" \
-   > "$OUT/probe_merged.txt" 2>&1)
-echo "probe merged rc=$? ${SECONDS}s" >> "$log"
+path_probe abl13/merged merged
 OUT=$OUT/ab ROUNDS=2 WARM=0 timeout 150 bash benchmarks/ab_trees.sh abl11/fix abl13/merged -- \
   --vocab 152064 --dtype float32 --modes top_p_warm,top_p,top_k_top_p,greedy --batches 1,32 \
   --k 20 --no-step --pdl > "$OUT/ab.txt" 2>&1

@@ -2,7 +2,7 @@
 # working directory (R), the collective library settings every process keeps, the Triton cache
 # CACHE (a folder of the root, carried into the call) relocated to where it now lies, the GPU
 # and the relocation logged to $OUT/0_log.txt ($log), and SECONDS started. Also three helpers:
-# `test_shards`, `warm_rows` and `close_call`.
+# `test_shards`, `warm_rows`, `path_probe` and `close_call`.
 set -u
 OUT=$(mkdir -p "${OUT:?set OUT}" && cd "$OUT" && pwd) || exit 2
 cd "$(dirname "${BASH_SOURCE[0]}")/../.."
@@ -39,6 +39,17 @@ warm_rows() {
   (cd "$1" && timeout 60 python3 -m benchmarks.warm_rows --vocab "$3" --dtype "$4" --seeds "$5" \
      --out "$name.json" > "$name.txt" 2>&1)
   echo "warm $2 $3${6:-} rc=$? ${SECONDS}s" >> "$log"
+}
+
+# path_probe DIR NAME: `benchmarks.path_probe` (top-p, batch 32, 152064 fp32, programmatic
+# launches, 60 synced and 60 chained calls) in the tree DIR, with this checkout's probe copied
+# in, into $OUT/probe_<NAME>.txt and the folder $OUT/probe_<NAME>, logged.
+path_probe() {
+  cp "$R/benchmarks/path_probe.py" "$1/benchmarks/"
+  (cd "$1" && timeout 60 python3 -m benchmarks.path_probe --vocab 152064 --dtype float32 \
+     --mode top_p --batch 32 --k 20 --pdl --calls 60 --out "$OUT/probe_$2" \
+     > "$OUT/probe_$2.txt" 2>&1)
+  echo "probe $2 rc=$? ${SECONDS}s" >> "$log"
 }
 
 # close_call: wait for the test shards, log their summaries, put every file of $OUT into

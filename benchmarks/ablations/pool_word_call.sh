@@ -11,14 +11,7 @@
 # Usage: OUT=dir [CACHE=.triton_cache_s] [LIMIT=200] bash benchmarks/ablations/pool_word_call.sh
 CACHE=${CACHE:-.triton_cache_s} source "$(dirname "$0")/call_setup.sh"
 for t in abl10/main abl11/fix; do
-  name=$(basename $t)
-  cp benchmarks/path_probe.py $t/benchmarks/
-  for i in 1 2; do
-    (cd $t && timeout 60 python3 -m benchmarks.path_probe --vocab 152064 --dtype float32 \
-       --mode top_p --batch 32 --k 20 --pdl --calls 60 --out "$OUT/probe_${name}_$i" \
-       > "$OUT/probe_${name}_$i.txt" 2>&1)
-    echo "probe $name $i rc=$? ${SECONDS}s" >> "$log"
-  done
+  for i in 1 2; do path_probe $t "$(basename $t)_$i"; done
 done
 OUT=$OUT/ab ROUNDS=2 WARM=0 timeout 150 bash benchmarks/ab_trees.sh abl10/main abl11/fix -- \
   --vocab 152064 --dtype float32 --modes top_p_warm,top_p,top_k_top_p,greedy --batches 1,32 \
