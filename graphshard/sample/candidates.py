@@ -100,20 +100,31 @@ def search_pool(pool_x_ptr, pool_id_ptr, n_cand, inv_temp, max_score, low_score,
 
 @triton.jit
 def search_mass(pool_x_ptr, pool_id_ptr, n_cand, inv_temp, max_score, low_score, below, target,
-                CAP: tl.constexpr, TILE: tl.constexpr, RADIX_BITS: tl.constexpr):
+                key, race, CAP: tl.constexpr, TILE: tl.constexpr, RADIX_BITS: tl.constexpr,
+                RACE: tl.constexpr):
     """The top-p threshold: `search_pool` by mass, for a caller that accepts only a threshold
-    above `below` (the best score an uncaptured token can have).
+    above `below` (the best score an uncaptured token can have) -> (threshold, raced, token).
 
     One pass weighs PIVOTS scores spread over (max(below, low_score), max_score]: the
     threshold lies between the last pivot whose mass above reaches `target` and the next one. A
     second pass copies the pool entries of that interval behind the pool's live entries, and
     a sort of them with the mass above the interval gives the threshold. Three passes and a
     short sort in place of a radix search's eight passes; when the interval holds too many
-    entries (thousands of ties) or the pivots cannot be spread, the radix search decides."""
+    entries (thousands of ties) or the pivots cannot be spread, the radix search decides.
+
+    With `race` (the caller draws over the scores at or above the threshold alone) the second
+    pass first races the scores above the interval and those in it (`race_interval`): when
+    the best Gumbel score above beats every one in the interval, its token is the draw
+    whatever the threshold in the interval (`raced`), and the interval's lower pivot, a lower
+    bound of the threshold, is returned with it; no copy, sort or draw pass runs. Only a
+    finish compiled with RACE carries the race's code (the one-program finish, `kernels`): in
+    every finish, its code and registers made rows that never race slower (BENCHMARKS.md)."""
     lo = tl.maximum(below, low_score)
     spread = max_score - lo
     # Returned when the threshold lies at or below `below`: the caller rejects it.
     thr = tl.full((), float("-inf"), tl.float32)
+    raced = n_cand < 0
+    token = tl.zeros((), tl.int32)
     radix = ~((lo > float("-inf")) & (spread >= 0.0) & (spread < float("inf")))
     if ~radix:
         at = tl.arange(0, PIVOTS)
@@ -129,22 +140,60 @@ def search_mass(pool_x_ptr, pool_id_ptr, n_cand, inv_temp, max_score, low_score,
             a = tl.max(tl.where(at == j, pivots, float("-inf")), axis=0)
             b = tl.min(tl.where(at == j + 1, pivots, float("inf")), axis=0)
             carry = tl.sum(tl.where(at == j + 1, mass, 0.0), axis=0)  # the mass at or above b
-            # The interval's entries go to the pool's unused tail, as many as fit.
-            scratch = pool_x_ptr + n_cand
-            room = tl.minimum(CAP - n_cand, SORT_LIMIT)
-            n_in = _copy_interval(pool_x_ptr, pool_id_ptr, n_cand, inv_temp, max_score,
-                                  low_score, a, b, scratch, room, CAP, TILE)
-            fits = (n_in > 0) & (n_in <= room)
-            tl.debug_barrier()  # the copies came from other threads of this program
-            if fits & (n_in <= SHORT_POOL):
-                thr = _sorted_mass_threshold(scratch, n_in, carry, max_score, target, SHORT_POOL)
-            elif fits:
-                thr = _sorted_mass_threshold(scratch, n_in, carry, max_score, target, SORT_LIMIT)
-            radix = ~fits
+            # Every score at or above b is in the nucleus. The first interval starts at `lo`,
+            # where the threshold must be found to tell it from `below`; the last has nothing
+            # above it.
+            if RACE:
+                if race & (j > 0) & (j < PIVOTS - 1) & (a > lo):
+                    top_z, top_id, in_z = race_interval(pool_x_ptr, pool_id_ptr, n_cand,
+                                                        inv_temp, low_score, a, b, key, CAP, TILE)
+                    # Strictly: a tie would need the interval's ids.
+                    raced = top_z > in_z
+                    token = top_id
+                    thr = tl.where(raced, a, thr)
+            if ~raced:
+                # The interval's entries go to the pool's unused tail, as many as fit.
+                scratch = pool_x_ptr + n_cand
+                room = tl.minimum(CAP - n_cand, SORT_LIMIT)
+                n_in = _copy_interval(pool_x_ptr, pool_id_ptr, n_cand, inv_temp, max_score,
+                                      low_score, a, b, scratch, room, CAP, TILE)
+                fits = (n_in > 0) & (n_in <= room)
+                tl.debug_barrier()  # the copies came from other threads of this program
+                if fits & (n_in <= SHORT_POOL):
+                    thr = _sorted_mass_threshold(scratch, n_in, carry, max_score, target,
+                                                 SHORT_POOL)
+                elif fits:
+                    thr = _sorted_mass_threshold(scratch, n_in, carry, max_score, target,
+                                                 SORT_LIMIT)
+                radix = ~fits
     if radix:
         thr = search_pool(pool_x_ptr, pool_id_ptr, n_cand, inv_temp, max_score, low_score,
                           target, True, CAP, TILE, RADIX_BITS)[0]
-    return thr
+    return thr, raced, token
+
+
+# Out of line: the one-program finish of large batches is held to few registers, and the
+# race's loop inlined into it spilled more (sm_90a).
+@triton.jit(noinline=True)
+def race_interval(pool_x_ptr, pool_id_ptr, n_cand, inv_temp, low_score, a, b, key,
+                  CAP: tl.constexpr, TILE: tl.constexpr):
+    """One pass over the pool's counted scores (allowed, finite, >= low_score) -> (the best
+    s + g at or above b, its lowest id; the best s + g in [a, b))."""
+    top_z = tl.full([TILE], float("-inf"), tl.float32)
+    top_id = tl.full([TILE], 2147483647, tl.int32)
+    in_z = tl.full([TILE], float("-inf"), tl.float32)
+    for t in range(0, CAP, TILE):
+        if t < n_cand:
+            s, _, ids, ok = load_pool(pool_x_ptr, pool_id_ptr, t, n_cand, inv_temp, TILE)
+            ok = ok & (s > float("-inf")) & (s >= low_score) & (s >= a)
+            z = tl.where(ok, s + rng.gumbel(key, ids), float("-inf"))
+            up = s >= b
+            better = up & ((z > top_z) | ((z == top_z) & (ids < top_id)))
+            top_id = tl.where(better, ids, top_id)
+            top_z = tl.where(better, z, top_z)
+            in_z = tl.maximum(in_z, tl.where(up, float("-inf"), z))
+    best_z, best_id = max_lowest(top_z, top_id)
+    return best_z, best_id, tl.max(in_z, axis=0)
 
 
 @triton.jit

@@ -404,8 +404,11 @@ def _finish_kernel(
         request = (req, r, first_row, m)
         if PROGRAMS == 1:
             pool = (part, _take_pool(fill), pool_x, pool_id, stats)
+            # Only this finish races a top-p draw (`candidates.search_mass`): the split
+            # finish's code is what small batches wait on, and it splits those rows anyway.
             _settle_row(row, None, pool, top, records, draft_ptr, workspace, request, VOCAB, M, K,
-                        SPLITS, CAP, BLOCK, SMALL_BLOCK, HAS_BITMASK, NUCLEUS_WINNER, COUNT_TILES)
+                        SPLITS, CAP, BLOCK, SMALL_BLOCK, HAS_BITMASK, NUCLEUS_WINNER, COUNT_TILES,
+                        True)
         else:
             # Only a top-p row without top-k and min-p may be split over the row's programs; the
             # first program settles any other row alone, and the others leave at once. One call
@@ -427,7 +430,7 @@ def _finish_kernel(
                 pool = (part, n_pool, pool_x, pool_id, stats)
                 _settle_row(row, drawn_before, pool, top, records, draft_ptr, workspace, request,
                             VOCAB, M, K, SPLITS, CAP, BLOCK, SMALL_BLOCK, HAS_BITMASK,
-                            NUCLEUS_WINNER, COUNT_TILES)
+                            NUCLEUS_WINNER, COUNT_TILES, False)
 
 
 @triton.jit
@@ -445,12 +448,13 @@ def _settle_row(row, drawn_before, pool, top, records, draft_ptr, workspace, req
                 VOCAB: tl.constexpr, M: tl.constexpr, K: tl.constexpr, SPLITS: tl.constexpr,
                 CAP: tl.constexpr, BLOCK: tl.constexpr, SMALL_BLOCK: tl.constexpr,
                 HAS_BITMASK: tl.constexpr, NUCLEUS_WINNER: tl.constexpr,
-                COUNT_TILES: tl.constexpr):
+                COUNT_TILES: tl.constexpr, RACE: tl.constexpr):
     """A row's token, logprobs and (its request's last row) record, in the one program of the
     finish that settles the row. `row`: the mask flag and `_row_inputs`' results (as
     `resolve.settle_token` takes them); `pool`: the row's (partials, pool count, pool logits,
     pool ids, stats); `request`: (request, row within it, its first row, its rows);
-    `drawn_before`: see `resolve.settle_token`."""
+    `drawn_before`: see `resolve.settle_token`; RACE: the top-p search may race the draw
+    (`candidates.search_mass`)."""
     row_ptr, _mask_row, mask_on, _key, _inv_temp, top_k, _top_p, _min_p, num_logprobs, \
         is_random, filtered = row
     req, r, first_row, m = request
@@ -459,7 +463,7 @@ def _settle_row(row, drawn_before, pool, top, records, draft_ptr, workspace, req
     SMALL_K: tl.constexpr = small_top_k(BLOCK)
     small_k = filtered & (top_k > 0) & (top_k <= SMALL_K)
     token = settle_token(pool, row, small_k, drawn_before, top, VOCAB, SPLITS, CAP, TILE, BLOCK,
-                         SMALL_BLOCK, HAS_BITMASK, RADIX_BITS, NUCLEUS_WINNER, COUNT_TILES)
+                         SMALL_BLOCK, HAS_BITMASK, RADIX_BITS, NUCLEUS_WINNER, COUNT_TILES, RACE)
     records_ptr, records_stride = records
     rec_ptr = records_ptr + req.to(tl.int64) * records_stride
     if K > 0:

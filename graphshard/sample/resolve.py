@@ -19,7 +19,7 @@ from graphshard.sample.candidates import (SHORT_POOL, TINY_POOL, count_raw_above
 from graphshard.sample.workspace import (P_ARG_X, P_ARG_Z, P_FLOOR_R, P_FLOOR_S, P_MAX_R,
                                           P_MAX_X, P_MAX_Z, P_NAN, P_SUM_R, P_SUM_S, STAT_COUNTS,
                                           STAT_DEEP, STAT_DRAWS, STAT_LOGPROBS, STAT_POOL_CHECKS,
-                                          padded)
+                                          STAT_RACED, padded)
 
 
 @triton.jit
@@ -114,7 +114,7 @@ def store_logprobs(rec_ptr, r, ids, vals, token_logprob, rank, num, M: tl.conste
 def settle_token(pool, row, small_k, drawn_before, scratch, VOCAB: tl.constexpr,
                  SPLITS: tl.constexpr, CAP: tl.constexpr, TILE: tl.constexpr, BLOCK: tl.constexpr,
                  SMALL_BLOCK: tl.constexpr, HAS_BITMASK: tl.constexpr, RADIX_BITS: tl.constexpr,
-                 NUCLEUS_WINNER: tl.constexpr, COUNT_TILES: tl.constexpr):
+                 NUCLEUS_WINNER: tl.constexpr, COUNT_TILES: tl.constexpr, RACE: tl.constexpr):
     """The row's token: greedy argmax, unfiltered Gumbel winner, or the filtered draw. `pool` is
     the row's (partials, pool count, pool logits, pool ids, stats); `row` (logits row, bitmask
     row, mask flag, RNG key, 1 / temperature, top_k, top_p, min_p, logprobs, random, filtered);
@@ -146,21 +146,24 @@ def settle_token(pool, row, small_k, drawn_before, scratch, VOCAB: tl.constexpr,
             floor_x = tl.max(load_part(part, P_FLOOR_S, SPLITS, float("-inf"), True),
                              axis=0)
             norm = softmax_mass(part, P_MAX_X, P_SUM_S, max_s, inv_temp, SPLITS)
+            raced = n_pool < -1
             if drawn_before is None:
                 first = no_interval()
-                drawn, token, t_m, k_ok = draw_from_pool(pool_x, pool_id, n_pool, floor_x, norm,
-                                                         key, inv_temp, max_s, top_k, top_p,
-                                                         min_p, VOCAB, CAP, TILE, RADIX_BITS)
+                drawn, token, t_m, k_ok, raced = draw_from_pool(
+                    pool_x, pool_id, n_pool, floor_x, norm, key, inv_temp, max_s, top_k, top_p,
+                    min_p, VOCAB, CAP, TILE, RADIX_BITS, RACE)
             else:
                 used, drawn, token, first = drawn_before
                 # Without top-k and min-p (the split draw's rows) these are max_s and true.
                 t_m = max_s
                 k_ok = n_pool >= 0
                 if ~used:
-                    drawn, token, t_m, k_ok = draw_from_pool(pool_x, pool_id, n_pool, floor_x,
-                                                             norm, key, inv_temp, max_s, top_k,
-                                                             top_p, min_p, VOCAB, CAP, TILE,
-                                                             RADIX_BITS)
+                    drawn, token, t_m, k_ok, raced = draw_from_pool(
+                        pool_x, pool_id, n_pool, floor_x, norm, key, inv_temp, max_s, top_k,
+                        top_p, min_p, VOCAB, CAP, TILE, RADIX_BITS, RACE)
+            if RACE:
+                if raced:
+                    tl.atomic_add(stats + STAT_RACED, 1, sem="relaxed")
             whole_row = ~drawn
             # A deep draw's first interval weighed by the row's programs answers the winner's
             # check too (`deep_split`): the winner is kept exactly when it beats the interval.
@@ -221,9 +224,9 @@ def settle_token(pool, row, small_k, drawn_before, scratch, VOCAB: tl.constexpr,
 @triton.jit
 def draw_from_pool(pool_x, pool_id, n_pool, floor_x, norm, key, inv_temp, max_s, top_k,
                    top_p, min_p, VOCAB: tl.constexpr, CAP: tl.constexpr, TILE: tl.constexpr,
-                   RADIX_BITS: tl.constexpr):
+                   RADIX_BITS: tl.constexpr, RACE: tl.constexpr):
     """Filtered Gumbel-max draw from the pool when every kept token is in it -> (drawn, token
-    (0 when not drawn), min-p threshold, top-k settled). `floor_x` is the largest chunk floor, `norm` the row's
+    (0 when not drawn), min-p threshold, top-k settled, drawn by `search_mass`'s race). `floor_x` is the largest chunk floor, `norm` the row's
     total mass exp(s - max_s) (the top-p norm without top-k). A pool that fits two tiles is
     sorted once; a larger one is searched (`searched_thresholds`). A top-k row settles from its
     pool's top entries alone (`candidates.top_entries`, copied behind the pool): every token
@@ -236,6 +239,8 @@ def draw_from_pool(pool_x, pool_id, n_pool, floor_x, norm, key, inv_temp, max_s,
         # Top-p and min-p keep a subset of top-k's set, and the draw picks from it.
         pool_x, pool_id, n_cand = top_entries(pool_x, pool_id, n_cand, inv_temp, below, max_s,
                                               top_k, True, CAP, TILE)
+    raced = n_cand < 0
+    raced_token = tl.zeros((), tl.int32)
     if (TINY_POOL < TILE) & (n_cand <= TINY_POOL):
         thr, k_ok, ok = sorted_thresholds(pool_x, pool_id, n_cand, whole, all_in, below, norm,
                                           inv_temp, max_s, top_k, top_p, VOCAB, TINY_POOL)
@@ -251,28 +256,32 @@ def draw_from_pool(pool_x, pool_id, n_pool, floor_x, norm, key, inv_temp, max_s,
         thr, k_ok, ok = sorted_thresholds(pool_x, pool_id, n_cand, whole, all_in, below, norm,
                                           inv_temp, max_s, top_k, top_p, VOCAB, 2 * TILE)
     else:
-        thr, k_ok, ok = searched_thresholds(pool_x, pool_id, n_cand, whole, all_in, below, norm,
-                                            inv_temp, max_s, top_k, top_p, VOCAB, CAP, TILE,
-                                            RADIX_BITS)
+        # Without min-p the draw is over the top-p threshold's scores alone: the search may
+        # race it.
+        thr, k_ok, ok, raced, raced_token = searched_thresholds(
+            pool_x, pool_id, n_cand, whole, all_in, below, norm, inv_temp, max_s, top_k, top_p,
+            key, min_p <= 0.0, VOCAB, CAP, TILE, RADIX_BITS, RACE)
     t_m = max_s + tl.log(tl.where(min_p > 0.0, min_p, 1.0))
     thr = tl.where(min_p > 0.0, tl.maximum(thr, t_m), thr)
     ok = ok & whole & ((thr > below) | all_in)
     token = tl.full((), 0, tl.int32)
     if ok:
-        if (SHORT_POOL < TILE) & (n_cand <= SHORT_POOL):
+        if raced:
+            token = raced_token
+        elif (SHORT_POOL < TILE) & (n_cand <= SHORT_POOL):
             token = draw_pool(pool_x, pool_id, n_cand, inv_temp, thr, key, SHORT_POOL,
                               SHORT_POOL)[1]
         else:
             token = draw_pool(pool_x, pool_id, n_cand, inv_temp, thr, key, CAP, TILE)[1]
-    return ok, token, t_m, k_ok
+    return ok, token, t_m, k_ok, ok & raced
 
 
 @triton.jit
 def searched_thresholds(pool_x, pool_id, n_cand, whole, all_in, below, norm, inv_temp, max_s,
-                        top_k, top_p, VOCAB: tl.constexpr, CAP: tl.constexpr,
-                        TILE: tl.constexpr, RADIX_BITS: tl.constexpr):
-    """(top-k and top-p threshold, top-k settled, both settled) by radix searches over the
-    pool: a digit of the threshold per pass."""
+                        top_k, top_p, key, race, VOCAB: tl.constexpr, CAP: tl.constexpr,
+                        TILE: tl.constexpr, RADIX_BITS: tl.constexpr, RACE: tl.constexpr):
+    """(top-k and top-p threshold, top-k settled, both settled, raced, token) by searches over
+    the pool; with `race`, the top-p search may draw the token too (`search_mass`: `raced`)."""
     use_top_k = (top_k > 0) & (top_k < VOCAB)
     use_top_p = top_p < 1.0
     thr = tl.full((), float("-inf"), tl.float32)
@@ -287,12 +296,15 @@ def searched_thresholds(pool_x, pool_id, n_cand, whole, all_in, below, norm, inv
         if use_top_p:
             norm = mass_above(pool_x, pool_id, n_cand, inv_temp, max_s, thr, CAP, TILE)
     ok = k_ok
+    raced = n_cand < 0
+    token = tl.zeros((), tl.int32)
     if use_top_p & k_ok:
-        t_p = search_mass(pool_x, pool_id, n_cand, inv_temp, max_s, thr, below, top_p * norm,
-                          CAP, TILE, RADIX_BITS)
+        t_p, raced, token = search_mass(pool_x, pool_id, n_cand, inv_temp, max_s, thr, below,
+                                        top_p * norm, key, race, CAP, TILE, RADIX_BITS,
+                                        RACE)
         ok = t_p > below
         thr = tl.maximum(thr, t_p)
-    return thr, k_ok, ok
+    return thr, k_ok, ok, raced, token
 
 
 @triton.jit

@@ -66,7 +66,7 @@ P_FLOOR_R = tl.constexpr(6)  # tokens with a raw logit below this were not captu
 P_MAX_R = tl.constexpr(7)  # max raw logit
 P_SUM_R = tl.constexpr(8)  # sum exp(raw - chunk max raw)
 P_SUM_S = tl.constexpr(9)  # sum exp(s - chunk max s) over the allowed tokens
-NUM_STATS = tl.constexpr(8)
+NUM_STATS = tl.constexpr(9)
 STAT_DRAWS = tl.constexpr(0)
 STAT_LOGPROBS = tl.constexpr(1)
 STAT_COUNTS = tl.constexpr(2)
@@ -81,6 +81,9 @@ STAT_DEEP_SPLIT = tl.constexpr(6)
 # Of the STAT_SPLIT rows, those whose best Gumbel score above the threshold's interval beat the
 # interval's, settled without gathering it (not a slower path).
 STAT_SPLIT_BEATEN = tl.constexpr(7)
+# Top-p rows of the one-program finish drawn by the race of `candidates.search_mass` (the best
+# Gumbel score above the threshold's interval beat the interval's; not a slower path).
+STAT_RACED = tl.constexpr(8)
 # The slower paths `SamplerWorkspace.paths` reports, by stats word.
 STAT_NAMES = {"draw_fallback": STAT_DRAWS.value, "logprobs_fallback": STAT_LOGPROBS.value,
               "counted": STAT_COUNTS.value, "deep": STAT_DEEP.value,
@@ -221,6 +224,12 @@ class SamplerWorkspace:
         threshold's interval, without gathering and sorting the interval. Reads the device: for
         tests and benchmarks."""
         return int(self.stats[STAT_SPLIT_BEATEN.value])
+
+    def pool_draws_raced(self) -> int:
+        """How many top-p rows of the one-program finish were drawn by the best Gumbel score
+        above the threshold's interval, without copying and sorting the interval
+        (`candidates.search_mass`). Reads the device: for tests and benchmarks."""
+        return int(self.stats[STAT_RACED.value])
 
     def pool_checks(self) -> int:
         """How many top-p rows since allocation had their unfiltered winner checked against the

@@ -186,6 +186,17 @@ def test_large_batches_settle_from_candidates(name):
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_large_top_p_batches_race_their_draws(dtype):
+    """256 top-p rows: one finish program a row, whose pools (~2400 entries) are searched by
+    mass; the race of `candidates.search_mass` draws some of them without sorting the
+    threshold's interval, and every token still equals the reference."""
+    ws = run_setting("top_p", dtype, 256, "cuda")
+    assert ws.paths() == NO_SLOW_PATHS
+    assert ws.split_draws() == 0
+    assert ws.pool_draws_raced() > 0
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_chunks_per_program_change_no_result_full_vocabulary(dtype):
     """Every benchmark setting in one batch, sampled with one and with two vocabulary chunks per
     scan program (the large-batch default): the same record words, equal to the reference, all

@@ -976,9 +976,10 @@ def adversarial_batch(rs, kinds, vocab=AV, padded=APV) -> Batch:
 
 
 def run_adversarial(b: Batch, pool_size=None, vocab=AV, chunk=A_CHUNK, block=A_BLOCK,
-                    finish_programs=None, split_draws=None):
+                    finish_programs=None, split_draws=None, raced_draws=None):
     """Sample `b` and check it against the reference -> the workspace's slow-path counts.
-    `split_draws`: a list the count of rows drawn by the split nucleus draw is appended to."""
+    `split_draws`, `raced_draws`: lists the count of rows drawn by the split nucleus draw, and
+    by the one-program top-p search's race, are appended to."""
     ws = sampler.SamplerWorkspace.allocate(len(b.params), 1, vocab, DEVICE, chunk_size=chunk,
                                            pool_size=pool_size)
     records, layout = run_kernel(b, K=3, vocab_size=vocab, block_size=block, workspace=ws,
@@ -986,6 +987,8 @@ def run_adversarial(b: Batch, pool_size=None, vocab=AV, chunk=A_CHUNK, block=A_B
     assert_same(records, layout, run_ref(b, K=3, vocab_size=vocab))
     if split_draws is not None:
         split_draws.append(ws.split_draws())
+    if raced_draws is not None:
+        raced_draws.append(ws.pool_draws_raced())
     return ws.paths()
 
 
@@ -1068,12 +1071,14 @@ def test_pools_past_one_sort_tile_settle_from_candidates(chunk, programs):
                 SamplingParams(temperature=0.8, top_p=0.5, seed=2, num_logprobs=2),
                 SamplingParams(temperature=1.3, top_k=400, top_p=0.8, seed=3),
                 SamplingParams(temperature=0.5, top_p=0.95, seed=4)]
-    split = []
+    split, raced = [], []
     paths = run_adversarial(b, vocab=vocab, chunk=chunk, block=1024, finish_programs=programs,
-                            split_draws=split)
+                            split_draws=split, raced_draws=raced)
     assert paths == NO_SLOW_PATHS
     # With several programs per row, the three top-p rows without top-k are split.
     assert split == [3 if programs > 1 else 0]
+    # Flat rows: no interval's best score beats the rest, so no draw is raced.
+    assert raced == [0]
 
 
 @pytest.mark.parametrize("top_k", [5, 20, 256])

@@ -19,8 +19,12 @@ import triton
 import triton.language as tl
 from hypothesis import given, settings, strategies as st
 
-from graphshard.sample.candidates import search_mass, search_pool, sorted_thresholds
+from graphshard.sample import kernels as sampler
+from graphshard.sample.candidates import draw_pool, search_mass, search_pool, sorted_thresholds
 from graphshard.sample.floors import DISALLOWED
+from graphshard.sample.params import SamplingParams
+from tests.sample.test_sampler import (NO_SLOW_PATHS, assert_same, make_batch, run_kernel,
+                                       run_ref)
 
 INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
 DEVICE = "cpu" if INTERPRET else "cuda"
@@ -30,22 +34,34 @@ CAP, TILE = 2048, 1024
 
 
 @triton.jit
-def _search_kernel(pool_ptr, n_ptr, args_ptr, out_ptr, CAP: tl.constexpr, TILE: tl.constexpr):
+def _search_kernel(pool_ptr, n_ptr, args_ptr, out_ptr, token_ptr, CAP: tl.constexpr,
+                   TILE: tl.constexpr):
     pool_x = pool_ptr
     pool_id = pool_ptr + CAP
     n = tl.load(n_ptr)
+    key = tl.load(n_ptr + 1)
     inv_temp = tl.load(args_ptr)
     max_score = tl.load(args_ptr + 1)
     low_score = tl.load(args_ptr + 2)
     below = tl.load(args_ptr + 3)
     target = tl.load(args_ptr + 4)
-    tl.store(out_ptr, search_mass(pool_x, pool_id, n, inv_temp, max_score, low_score, below,
-                                  target, CAP, TILE, 4))
+    thr = search_mass(pool_x, pool_id, n, inv_temp, max_score, low_score, below, target, key,
+                      False, CAP, TILE, 4, False)[0]
+    tl.store(out_ptr, thr)
     tl.store(out_ptr + 1, search_pool(pool_x, pool_id, n, inv_temp, max_score, low_score, target,
                                       True, CAP, TILE, 4)[0])
+    # The raced search, and the draw the caller makes without the race.
+    thr_r, raced, token = search_mass(pool_x, pool_id, n, inv_temp, max_score, low_score, below,
+                                      target, key, True, CAP, TILE, 4, True)
+    tl.store(out_ptr + 2, thr_r)
+    tl.store(token_ptr, raced.to(tl.int32))
+    tl.store(token_ptr + 1, token)
+    tl.store(token_ptr + 2, draw_pool(pool_x, pool_id, n, inv_temp, thr, key, CAP, TILE)[1])
 
 
-def run_search(x, allowed, inv_temp, max_score, low_score, below, target):
+def run_search(x, allowed, inv_temp, max_score, low_score, below, target, key=7):
+    """-> ([threshold, radix threshold, raced search's threshold], [raced, its token, the
+    token drawn at the threshold])."""
     n = len(x)
     pool = np.zeros(2 * CAP, dtype=np.int32)
     pool[:n] = x.astype(np.float32).view(np.int32)
@@ -53,10 +69,53 @@ def run_search(x, allowed, inv_temp, max_score, low_score, below, target):
     ids = np.arange(n, dtype=np.int64)
     pool[CAP:CAP + n] = np.where(allowed, ids, ids | int(DISALLOWED.value)).astype(np.int32)
     args = torch.tensor([inv_temp, max_score, low_score, below, target], dtype=torch.float32)
-    out = torch.empty(2, dtype=torch.float32, device=DEVICE)
-    _search_kernel[(1,)](torch.from_numpy(pool).to(DEVICE), torch.tensor([n], dtype=torch.int32,
-                         device=DEVICE), args.to(DEVICE), out, CAP=CAP, TILE=TILE, num_warps=8)
-    return out.cpu().numpy()
+    out = torch.empty(3, dtype=torch.float32, device=DEVICE)
+    tokens = torch.empty(3, dtype=torch.int32, device=DEVICE)
+    _search_kernel[(1,)](torch.from_numpy(pool).to(DEVICE),
+                         torch.tensor([n, key], dtype=torch.int32, device=DEVICE),
+                         args.to(DEVICE), out, tokens, CAP=CAP, TILE=TILE, num_warps=8)
+    return out.cpu().numpy(), tokens.cpu().numpy()
+
+
+def check_race(thresholds, tokens, below):
+    """A raced search's token is the draw at the exact threshold, and its threshold a lower
+    bound of that one which the caller accepts."""
+    got, _, raced_thr = thresholds
+    raced, token, drawn = tokens
+    if raced:
+        assert token == drawn, (token, drawn)
+        assert below < raced_thr <= got, (below, raced_thr, got)
+    else:
+        assert raced_thr == got, (raced_thr, got)
+    return bool(raced)
+
+
+@pytest.mark.parametrize("temperature, top_p, raced", [(0.8, 0.9, (30, 32)), (1.0, 0.6, (20, 31)),
+                                                      (0.5, 0.9, (0, 0))])
+def test_search_mass_race_draws_the_token_at_the_threshold(temperature, top_p, raced):
+    """Top-p over a pool of a Gaussian tail above a floor (as a row's pool holds one), under 32
+    RNG keys: a raced token is the draw at the exact threshold, and a lost race leaves the
+    threshold to the copy and sort. How many keys race (`raced`: at least, at most) follows the
+    mass of the threshold's interval among the scores at or above it: ~2 % at temperature 0.8,
+    top-p 0.9 (the benchmark setting), ~16 % at 1.0 and 0.6; at 0.5 the nucleus lies in the top
+    interval, with nothing above it to race."""
+    rs = np.random.default_rng(int(temperature * 10))
+    x = np.sort(rs.standard_normal(152064).astype(np.float32) * 3)[::-1][:1800].copy()
+    rs.shuffle(x)
+    allowed = np.ones(len(x), dtype=bool)
+    inv_temp = np.float32(1.0 / temperature)
+    s = x * inv_temp
+    max_score = s.max()
+    below = np.float32(s.min())  # the pool's floor: every token above it was captured
+    mass = np.exp(s.astype(np.float64) - max_score).sum()
+    target = np.float32(top_p * mass * 1.02)  # 2 % of the row's mass lies below the floor
+    wins = 0
+    for key in range(32):
+        thresholds, tokens = run_search(x, allowed, inv_temp, max_score, np.float32(-np.inf),
+                                        below, target, key=key)
+        assert thresholds[0] > below
+        wins += check_race(thresholds, tokens, below)
+    assert raced[0] <= wins <= raced[1], wins
 
 
 def reference(s, counted, max_score, target):
@@ -120,7 +179,9 @@ def test_search_mass_matches_reference(seed, kind, n, temperature, top_p, floor,
     # floor of -inf says every token was captured).
     norm = pool_mass * (1.0 + outside if not top_k and floor != "none" else 1.0)
     target = np.float32(top_p * norm)
-    got, radix = run_search(x, allowed, inv_temp, max_score, low, below, target)
+    (got, radix, _), tokens = run_search(x, allowed, inv_temp, max_score, low, below, target,
+                                         key=seed & 0x7FFFFFFF)
+    check_race((got, radix, _), tokens, below)
     want, vals, above = reference(s, counted, max_score, float(target))
     # Scores whose mass at or above lies within fp32 summation error of the target are
     # ambiguous: either answer is right.
@@ -206,3 +267,22 @@ def test_two_tile_sorted_thresholds_match_reference(seed, kind, n, temperature, 
     want = max(want, thr_k)
     assert got == want or got in near or (len(near) and want in near and got >= near.min()), \
         (got, want, near)
+
+
+@pytest.mark.parametrize("chunk", [512, 1024])
+def test_one_program_top_p_rows_race_their_draw(chunk):
+    """Top-p rows of Gaussian logits settled by the one-program finish, whose pools pass two
+    sort tiles (so `candidates.search_mass` finds the threshold), equal the reference; one of
+    these eight rows is drawn by the race at each chunk size (counted on CPU)."""
+    vocab = 16000
+    rs = np.random.default_rng(7)
+    settings_ = [(0.8, 0.9), (0.5, 0.9), (1.0, 0.95), (0.6, 0.5)] * 2
+    params = [SamplingParams(temperature=t, top_p=p, seed=i) for i, (t, p) in enumerate(settings_)]
+    b = make_batch(rs, params)
+    b.logits = torch.from_numpy((rs.standard_normal((len(params), vocab)) * 3).astype(np.float32))
+    ws = sampler.SamplerWorkspace.allocate(len(params), 1, vocab, DEVICE, chunk_size=chunk)
+    records, layout = run_kernel(b, K=0, vocab_size=vocab, block_size=chunk, workspace=ws,
+                                 finish_programs=1)
+    assert_same(records, layout, run_ref(b, K=0, vocab_size=vocab))
+    assert ws.paths() == NO_SLOW_PATHS
+    assert ws.pool_draws_raced() >= 1
