@@ -1,8 +1,8 @@
 # Sourced by this folder's device-call scripts: OUT made absolute, the repository root as the
 # working directory (R), the collective library settings every process keeps, the Triton cache
 # CACHE (a folder of the root, carried into the call) relocated to where it now lies, the GPU
-# and the relocation logged to $OUT/0_log.txt ($log), and SECONDS started. Also three helpers:
-# `test_shards`, `warm_rows`, `path_probe` and `close_call`.
+# and the relocation logged to $OUT/0_log.txt ($log), and SECONDS started. Also helpers:
+# `test_shards`, `warm_rows`, `path_probe`, `warm32_pdl` and `close_call`.
 set -u
 OUT=$(mkdir -p "${OUT:?set OUT}" && cd "$OUT" && pwd) || exit 2
 cd "$(dirname "${BASH_SOURCE[0]}")/../.."
@@ -50,6 +50,22 @@ path_probe() {
      --mode top_p --batch 32 --k 20 --pdl --calls 60 --out "$OUT/probe_$2" \
      > "$OUT/probe_$2.txt" 2>&1)
   echo "probe $2 rc=$? ${SECONDS}s" >> "$log"
+}
+
+# warm32_pdl DIR RUNS: warm top-p at 32 rows (152064 fp32) in the tree DIR, RUNS times with
+# programmatic launches and RUNS without, alternating, into $OUT/warm32_pdl_<i>.json and
+# $OUT/warm32_<i>.json (and .log), logged.
+warm32_pdl() {
+  local i pdl name
+  for i in $(seq 1 "$2"); do
+    for pdl in --pdl ""; do
+      name=$OUT/warm32_${pdl:+pdl_}$i
+      (cd "$1" && timeout 60 python3 -m benchmarks.profile_kernels --vocab 152064 \
+         --dtype float32 --modes top_p_warm --batches 32 --k 20 --no-step $pdl \
+         --out "$name.json" > "$name.log" 2>&1)
+      echo "warm32 ${pdl:-nopdl} $i rc=$? ${SECONDS}s" >> "$log"
+    done
+  done
 }
 
 # close_call: wait for the test shards, log their summaries, put every file of $OUT into

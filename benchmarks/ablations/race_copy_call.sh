@@ -28,15 +28,7 @@ OUT=$OUT/ab_big ROUNDS=2 WARM=0 timeout 240 bash benchmarks/ab_trees.sh abl14/ma
   --vocab 152064 --dtype float32 --modes top_p,top_k_top_p,logprobs_5,greedy --batches 256,1024 \
   --k 20 --no-step --pdl > "$OUT/ab_big.txt" 2>&1
 echo "ab_big rc=$? ${SECONDS}s" >> "$log"
-for i in 1 2; do
-  for pdl in --pdl ""; do
-    name=$OUT/warm32_${pdl:+pdl_}$i
-    (cd abl14/main && timeout 60 python3 -m benchmarks.profile_kernels --vocab 152064 \
-       --dtype float32 --modes top_p_warm --batches 32 --k 20 --no-step $pdl \
-       --out "$name.json" > "$name.log" 2>&1)
-    echo "warm32 ${pdl:-nopdl} $i rc=$? ${SECONDS}s" >> "$log"
-  done
-done
+warm32_pdl abl14/main 2
 close_call
 grep -c "pool_words_left" "$OUT/probe_main.txt"; tail -1 "$OUT/probe_main.txt"
 tail -12 "$OUT/ab_small.txt"; tail -16 "$OUT/ab_big.txt"

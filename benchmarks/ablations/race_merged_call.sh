@@ -17,15 +17,7 @@ OUT=$OUT/ab_small ROUNDS=2 WARM=0 timeout 200 bash benchmarks/ab_trees.sh abl14/
   --vocab 152064 --dtype float32 --modes top_p,top_k_top_p,logprobs_5,greedy --batches 1,32 \
   --k 20 --no-step --pdl > "$OUT/ab_small.txt" 2>&1
 echo "ab_small rc=$? ${SECONDS}s" >> "$log"
-for i in 1 2 3; do
-  for pdl in --pdl ""; do
-    name=$OUT/warm32_${pdl:+pdl_}$i
-    (cd abl14/main && timeout 60 python3 -m benchmarks.profile_kernels --vocab 152064 \
-       --dtype float32 --modes top_p_warm --batches 32 --k 20 --no-step $pdl \
-       --out "$name.json" > "$name.log" 2>&1)
-    echo "warm32 ${pdl:-nopdl} $i rc=$? ${SECONDS}s" >> "$log"
-  done
-done
+warm32_pdl abl14/main 3
 close_call
 tail -10 "$OUT/ab_small.txt"
 grep -h "_kernel" "$OUT"/warm32_*.log
