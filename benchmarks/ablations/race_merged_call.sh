@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # One device call after the one-program finish's top-p race was merged: the compiled tests of
 # the root (LIMIT seconds a shard, in the background: the search and agreement tests, 256
-# top-p rows racing their draws, the fp32 top-p settings, 64-row batches), the root's tree
+# top-p rows racing their draws in fp32 and in bf16), the root's tree
 # (abl15/race: `bash benchmarks/ablations/trees.sh abl15 race=REV`) against the code before
 # it (abl14/main) at batches 1 and 32, where the race is not compiled in, two rounds; and warm
 # top-p at batch 32 with and without programmatic launches, three runs each, alternating.
@@ -11,8 +11,8 @@
 CACHE=${CACHE:-.triton_cache_t} source "$(dirname "$0")/call_setup.sh"
 g=tests/gpu/test_sampler_gpu.py
 test_shards "${LIMIT:-300}" \
-  "tests/sample/test_search.py tests/sample/test_nucleus.py" "$g -k large_top_p_batches" \
-  "$g -k benchmark_settings and top_p and dtype0" "$g -k large_batches_settle"
+  "tests/sample/test_search.py tests/sample/test_nucleus.py" \
+  "$g -k large_top_p_batches and dtype0" "$g -k large_top_p_batches and dtype1"
 OUT=$OUT/ab_small ROUNDS=2 WARM=0 timeout 200 bash benchmarks/ab_trees.sh abl14/main abl15/race -- \
   --vocab 152064 --dtype float32 --modes top_p,top_k_top_p,logprobs_5,greedy --batches 1,32 \
   --k 20 --no-step --pdl > "$OUT/ab_small.txt" 2>&1
