@@ -45,17 +45,19 @@ _NO_ID = tl.constexpr(2147483647)
 # their one shared decision: the low COUNT_BITS hold the count the scan left, each program adds
 # OPENED when it reads it and (with a slice or a span) WEIGHED when its part is weighed, and
 # DECIDED, with WIDE or not, records whether the row's programs weigh its row (`agree_wide`).
-# The program that completes the count resets the word for the next launch. Five bits count up
-# to MAX_PROGRAMS arrivals of each kind.
+# The program that completes the count resets the word for the next launch. _ARRIVAL_BITS (five)
+# count up to MAX_PROGRAMS arrivals of each kind: OPENED's above the count, WEIGHED's above
+# those, then DECIDED and WIDE.
 COUNT_BITS = tl.constexpr(20)
-_COUNT_MASK = tl.constexpr((1 << 20) - 1)
-_OPENED_SHIFT = tl.constexpr(20)
-_WEIGHED_SHIFT = tl.constexpr(25)
-_OPENED = tl.constexpr(1 << 20)
-_WEIGHED = tl.constexpr(1 << 25)
-_ARRIVALS = tl.constexpr(31)
-_NOT_OPENED = tl.constexpr(~(31 << 20))
-DECIDED = tl.constexpr(1 << 30)
+_ARRIVAL_BITS = tl.constexpr(5)
+_COUNT_MASK = tl.constexpr((1 << COUNT_BITS.value) - 1)
+_OPENED_SHIFT = tl.constexpr(COUNT_BITS.value)
+_WEIGHED_SHIFT = tl.constexpr(_OPENED_SHIFT.value + _ARRIVAL_BITS.value)
+_OPENED = tl.constexpr(1 << _OPENED_SHIFT.value)
+_WEIGHED = tl.constexpr(1 << _WEIGHED_SHIFT.value)
+_ARRIVALS = tl.constexpr((1 << _ARRIVAL_BITS.value) - 1)
+_NOT_OPENED = tl.constexpr(~(_ARRIVALS.value << _OPENED_SHIFT.value))
+DECIDED = tl.constexpr(1 << (_WEIGHED_SHIFT.value + _ARRIVAL_BITS.value))
 WIDE = tl.constexpr(-(1 << 31))  # bit 31 of the int32 word
 
 
