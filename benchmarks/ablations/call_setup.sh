@@ -2,7 +2,8 @@
 # working directory (R), the collective library settings every process keeps, the Triton cache
 # CACHE (a folder of the root, carried into the call) relocated to where it now lies, the GPU
 # and the relocation logged to $OUT/0_log.txt ($log), and SECONDS started. Also helpers:
-# `test_shards`, `warm_rows`, `path_probe`, `warm32_pdl` and `close_call`.
+# `test_shards`, `warm_rows`, `path_probe`, `warm32_pdl`, `step32_compile`, `step32_pdl` and
+# `close_call`.
 set -u
 OUT=$(mkdir -p "${OUT:?set OUT}" && cd "$OUT" && pwd) || exit 2
 cd "$(dirname "${BASH_SOURCE[0]}")/../.."
@@ -64,6 +65,39 @@ warm32_pdl() {
          --dtype float32 --modes top_p_warm --batches 32 --k 20 --no-step $pdl \
          --out "$name.json" > "$name.log" 2>&1)
       echo "warm32 ${pdl:-nopdl} $i rc=$? ${SECONDS}s" >> "$log"
+    done
+  done
+}
+
+# step32_compile DIR: compile, in the background, what `step32_pdl` times in the tree DIR (the
+# default engine's graphs for 32 requests, with and without programmatic launches:
+# `bench_sampling --compile-only`, two processes); their pids in step32_pids.
+step32_compile() {
+  local pdl
+  step32_pids=()
+  for pdl in programmatic-launch no-programmatic-launch; do
+    (cd "$1" && timeout 300 python3 -m benchmarks.bench_sampling --compile-only \
+       --shapes 152064:float32 --modes top_p_warm --batches 32 --$pdl \
+       > "$OUT/step32_compile_$pdl.log" 2>&1
+     echo "step32 compile $pdl rc=$? ${SECONDS}s" >> "$log") &
+    step32_pids+=($!)
+  done
+}
+
+# step32_pdl DIR RUNS: after `step32_compile`, warm top-p at 32 requests (152064 fp32) as a
+# decode loop steps it (`bench_sampling`: the default engine's back-to-back steps with the host
+# read, and the sort sampler), RUNS times with programmatic launches and RUNS without,
+# alternating, into $OUT/step32_pdl_<i>.json and $OUT/step32_<i>.json (and .log), logged.
+step32_pdl() {
+  local i pdl name
+  wait "${step32_pids[@]}"
+  for i in $(seq 1 "$2"); do
+    for pdl in programmatic-launch no-programmatic-launch; do
+      [[ $pdl == programmatic-launch ]] && name=$OUT/step32_pdl_$i || name=$OUT/step32_$i
+      (cd "$1" && timeout 60 python3 -m benchmarks.bench_sampling --shapes 152064:float32 \
+         --modes top_p_warm --batches 32 --iters 300 --$pdl --out "$name.json" \
+         > "$name.log" 2>&1)
+      echo "step32 $pdl $i rc=$? ${SECONDS}s" >> "$log"
     done
   done
 }
