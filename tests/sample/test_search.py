@@ -272,8 +272,8 @@ def test_two_tile_sorted_thresholds_match_reference(seed, kind, n, temperature, 
 @pytest.mark.parametrize("chunk", [512, 1024])
 def test_one_program_top_p_rows_race_their_draw(chunk):
     """Top-p rows of Gaussian logits settled by the one-program finish, whose pools pass two
-    sort tiles (so `candidates.search_mass` finds the threshold), equal the reference; one of
-    these eight rows is drawn by the race at each chunk size (counted on CPU)."""
+    sort tiles (so `candidates.search_mass` finds the threshold), equal the reference; under the
+    interpreter one of these eight rows is drawn by the race at each chunk size."""
     vocab = 16000
     rs = np.random.default_rng(7)
     settings_ = [(0.8, 0.9), (0.5, 0.9), (1.0, 0.95), (0.6, 0.5)] * 2
@@ -285,4 +285,9 @@ def test_one_program_top_p_rows_race_their_draw(chunk):
                                  finish_programs=1)
     assert_same(records, layout, run_ref(b, K=0, vocab_size=vocab))
     assert ws.paths() == NO_SLOW_PATHS
-    assert ws.pool_draws_raced() >= 1
+    if INTERPRET:
+        # The interpreter runs the scan's programs in order, so each row's pool, and whether its
+        # draw races, is fixed. On a GPU a pool depends on which chunk publishes its cut first
+        # (at chunk 1024 an H100 raced none of these rows); the 1024-row GPU test counts races
+        # there.
+        assert ws.pool_draws_raced() >= 1
