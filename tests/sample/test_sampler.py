@@ -70,8 +70,8 @@ def make_logits(rs, rows, vocab=V, padded=PV, dtype=torch.float32, pad_value=1.0
 
 def make_batch(rs, params, counts=None, dtype=torch.float32, num_slots=NUM_SLOTS,
                **kw) -> Batch:
-    """Requests with `params` in distinct slots drawn from `num_slots` (at least one a request;
-    `run_kernel`'s slot tables grow to hold them)."""
+    """One request per entry of `params`, each in its own slot drawn from `num_slots` (at least
+    the number of requests; `run_kernel`'s slot tables grow to hold the slots drawn)."""
     n = len(params)
     counts = counts if counts is not None else [1] * n
     slots = [int(s) for s in rs.choice(num_slots, size=n, replace=False)]
