@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # One device call after the one-program finish's top-p race was merged: the compiled tests of
-# the root (LIMIT seconds a shard, in the background: the search and agreement tests, 256
-# top-p rows racing their draws in fp32 and in bf16), the root's tree
+# the root (LIMIT seconds a shard, in the background: the search and agreement tests, 1024
+# top-p rows racing their draws in fp32 and in bf16; 256 when it ran), the root's tree
 # (abl15/race: `bash benchmarks/ablations/trees.sh abl15 race=REV`) against the code before
 # it (abl14/main) at batches 1 and 32, where the race is not compiled in, two rounds; and warm
 # top-p at batch 32 with and without programmatic launches, three runs each, alternating, by

@@ -8,8 +8,8 @@ import torch
 from graphshard.sample import kernels as sampler
 from graphshard.sample.params import SamplingParams
 from tests.sample.test_deep import assert_winners_checked, kept_winner_batch, with_seed
-from tests.sample.test_sampler import NO_SLOW_PATHS, NUM_SLOTS, ROW_KINDS, adversarial_batch, \
-    make_batch, min_p_batch, run_kernel, run_ref, assert_same
+from tests.sample.test_sampler import NO_SLOW_PATHS, ROW_KINDS, adversarial_batch, make_batch, \
+    min_p_batch, run_kernel, run_ref, assert_same
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 
@@ -31,7 +31,7 @@ def run_setting(name: str, dtype: torch.dtype, n: int, device: str):
     """One benchmark setting over n rows of `randn * 3` at full vocabulary, checked against the
     reference; returns the workspace (its paths and split draws)."""
     rs = np.random.default_rng(len(name))
-    b = make_batch(rs, [SETTINGS[name]] * n, dtype=dtype, num_slots=max(n, NUM_SLOTS))
+    b = make_batch(rs, [SETTINGS[name]] * n, dtype=dtype)
     b.logits = (torch.from_numpy(rs.standard_normal((n, PV)).astype(np.float32)) * 3).to(dtype)
     ws = sampler.SamplerWorkspace.allocate(n, 1, V, device)
     records, layout = run_kernel(b, K=20, vocab_size=V, block_size=None, workspace=ws)

@@ -68,13 +68,12 @@ def make_logits(rs, rows, vocab=V, padded=PV, dtype=torch.float32, pad_value=1.0
     return torch.from_numpy(x).to(dtype)
 
 
-def make_batch(rs, params, counts=None, dtype=torch.float32, num_slots=NUM_SLOTS,
-               **kw) -> Batch:
-    """One request per entry of `params`, each in its own slot drawn from `num_slots` (at least
-    the number of requests; `run_kernel`'s slot tables grow to hold the slots drawn)."""
+def make_batch(rs, params, counts=None, dtype=torch.float32, **kw) -> Batch:
+    """One request per entry of `params`, each in its own slot, drawn from NUM_SLOTS (from as
+    many slots as requests in a larger batch; `run_kernel`'s slot tables grow to hold them)."""
     n = len(params)
     counts = counts if counts is not None else [1] * n
-    slots = [int(s) for s in rs.choice(num_slots, size=n, replace=False)]
+    slots = [int(s) for s in rs.choice(max(n, NUM_SLOTS), size=n, replace=False)]
     seq_lens = [int(s) for s in rs.integers(0, 5000, size=n)]
     return Batch(make_logits(rs, sum(counts), dtype=dtype), list(params), list(counts), seq_lens,
                  slots, **kw)
@@ -93,7 +92,7 @@ def run_kernel(b: Batch, *, M=1, K=0, vocab_size=V, max_num_reqs=None, n=None, s
     allocation to the launcher (default chunk)."""
     n = len(b.params) if n is None else n
     max_num_reqs = len(b.params) if max_num_reqs is None else max_num_reqs
-    tables = SlotTables(max([NUM_SLOTS] + [s + 1 for s in b.slots]), DEVICE)
+    tables = SlotTables(max(NUM_SLOTS, max(b.slots, default=0) + 1), DEVICE)
     for slot, p in zip(b.slots, b.params):
         tables.set(slot, p)
     pad = max_num_reqs - len(b.params)
