@@ -22,8 +22,8 @@ import torch
 
 from graphshard.sample.floors import (FLOOR_LANES, FLOOR_PIVOTS, FLOOR_PASSES, FLOOR_RADIX_BITS,
                                       HOT_FEW, HOT_SOME, SMALL_FLOOR_LANES)
-from graphshard.sample.kernels import (SCAN_BLOCK_SIZE, SPLITS_PER_PROGRAM, _splits_per_program,
-                                       chunk_top)
+from graphshard.sample.grid import SCAN_BLOCK_SIZE, SPLITS_PER_PROGRAM, scan_group
+from graphshard.sample.kernels import chunk_top
 from graphshard.sample.workspace import CHUNK_SIZE, HOT_LANES, HOT_TILE
 
 # The grid the model's scan programs belong to: the largest row bound of SPLITS_PER_PROGRAM, so
@@ -59,7 +59,7 @@ def model(mode: str, vocab: int, rows: int, dtype: str = "float32",
     fp32 ones rounded (more ties, so more lanes reach a cut)."""
     rs = np.random.default_rng(seed)
     splits = -(-vocab // CHUNK_SIZE)
-    group = _splits_per_program(GRID_ROWS, splits, None)
+    group = scan_group(GRID_ROWS, splits, None)
     programs = -(-splits // group)
     hot, pools = [], []
     for _ in range(rows):
@@ -106,7 +106,7 @@ def main(argv=None) -> None:
     parser.add_argument("--rows", type=int, default=64)
     args = parser.parse_args(argv)
     hot, pools = model(args.mode, args.vocab, args.rows, args.dtype)
-    group = _splits_per_program(GRID_ROWS, -(-args.vocab // CHUNK_SIZE), None)
+    group = scan_group(GRID_ROWS, -(-args.vocab // CHUNK_SIZE), None)
     print(f"{args.mode}, V = {args.vocab} {args.dtype}, {args.rows} rows, {group} chunks per "
           "program")
     print(f"hot lanes per program: mean {hot.mean():.0f}, median {np.median(hot):.0f}, "

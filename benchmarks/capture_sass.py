@@ -26,7 +26,7 @@ import triton.language as tl
 from benchmarks.stream_sass import OPTIONS, instructions, machine_code
 from graphshard.sample import floors
 from graphshard.sample.floors import FLOOR_PASSES, FLOOR_RADIX_BITS, HOT_FEW, HOT_SOME
-from graphshard.sample.kernels import SCAN_BLOCK_SIZE
+from graphshard.sample.grid import SCAN_BLOCK_SIZE
 from graphshard.sample.workspace import HOT_TILE
 
 CHUNK = 8192

@@ -28,8 +28,8 @@ import numpy as np
 import torch
 
 from benchmarks.sampling_modes import MODES, make_logits, sampler_call
-from graphshard.sample.kernels import (SCAN_BLOCK_SIZE, SPLITS_PER_PROGRAM, _splits_per_program,
-                                       chunk_top)
+from graphshard.sample.grid import SCAN_BLOCK_SIZE, SPLITS_PER_PROGRAM, scan_group
+from graphshard.sample.kernels import chunk_top
 from graphshard.sample.reference import kept_mask
 from graphshard.sample.workspace import NUM_PART, P_FLOOR_S, SMALL_TOP_K
 
@@ -67,7 +67,7 @@ def main(argv=None) -> None:
     dtype = getattr(torch, args.dtype)
     logits = make_logits(args.batch, args.vocab, dtype, device)
     call, ws = sampler_call(logits, args.vocab, params, 0, device)
-    group = _splits_per_program(args.batch, ws.num_splits, None)
+    group = scan_group(args.batch, ws.num_splits, None)
     x = logits.float().cpu().numpy().astype(np.float64)
     small_k = params.top_k if 0 < params.top_k <= SMALL_TOP_K else 0
     top = chunk_top(SCAN_BLOCK_SIZE, ws.num_splits)

@@ -29,7 +29,7 @@ import triton
 import triton.language as tl
 
 from graphshard.sample import rows
-from graphshard.sample.kernels import SCAN_BLOCK_SIZE, scan_options
+from graphshard.sample.grid import SCAN_BLOCK_SIZE, scan_options
 
 CHUNK = 8192
 VOCAB = 152064

@@ -34,7 +34,7 @@ from pathlib import Path
 
 import pytest
 
-from graphshard.sample.kernels import LEAN_SCAN_REGISTERS
+from graphshard.sample.grid import LEAN_SCAN_REGISTERS
 
 ROOT = Path(__file__).resolve().parents[1]
 # The sampler's arguments a GPU launch specialises on 16-byte alignment (`_compile`).
@@ -97,7 +97,7 @@ def _code_bytes(cubin: Path, name: str) -> int:
 
 def report() -> list[dict]:
     """Compile every variant below; one dict per kernel variant."""
-    from graphshard.sample import kernels as sampler
+    from graphshard.sample import grid, kernels as sampler
     from graphshard.plan.kernel import _plan_kernel
     from graphshard.plan.layout import PlanBuffers
     from graphshard.sample.workspace import CHUNK_SIZE, pool_size_for
@@ -108,7 +108,7 @@ def report() -> list[dict]:
         for vocab, dtype, m, k, bitmask, programs in [(152064, "fp32", 1, 20, False, 16),
                                                       (32000, "bf16", 3, 3, True, 1)]:
             splits = -(-vocab // CHUNK_SIZE)
-            finish = dict(PROGRAMS=sampler._finish_programs(
+            finish = dict(PROGRAMS=grid.finish_programs(
                 1, splits, pool_size_for(splits, vocab, None), vocab, programs))
             i32 = "*i32"
             common = dict(logits=(f"*{dtype}", "i32"), num_reqs_ptr=i32, req_slots_ptr=i32,
@@ -121,9 +121,9 @@ def report() -> list[dict]:
             common.update({n: t for n, t in optional.items() if t is not None})
             shared = dict({n: None for n, t in optional.items() if t is None}, VOCAB=vocab, M=m,
                           K=k, SPLITS=splits, CAP=pool_size_for(splits, vocab, None),
-                          BLOCK=sampler.SCAN_BLOCK_SIZE, PDL=False)
+                          BLOCK=grid.SCAN_BLOCK_SIZE, PDL=False)
             tag = {"vocab": vocab, "dtype": dtype, "M": m, "K": k, "bitmask": bitmask}
-            options = sampler.scan_options(bitmask, sampler.SCAN_BLOCK_SIZE)
+            options = grid.scan_options(bitmask, grid.SCAN_BLOCK_SIZE)
             num_warps = options.pop("num_warps")
             # (chunks per scan program, the finish's programs per row) of this batch; without a
             # bitmask also a large batch's (two chunks per program).
@@ -135,8 +135,8 @@ def report() -> list[dict]:
                          NUCLEUS_WINNER=sampler.nucleus_winner(programs)),
                     num_warps, tmp, ALIGNED, **options)))
             # A small batch's finish options (no register cap).
-            options = sampler.finish_options(1, finish["PROGRAMS"], sampler.SCAN_BLOCK_SIZE)
-            finish["COUNT_TILES"] = sampler.count_tiles(options)
+            options = grid.finish_options(1, finish["PROGRAMS"], grid.SCAN_BLOCK_SIZE)
+            finish["COUNT_TILES"] = grid.count_tiles(options)
             num_warps = options.pop("num_warps")
             rows.append(dict(tag, **_compile(
                 sampler._finish_kernel, common, dict(shared, SMALL_BLOCK=512, **finish), num_warps,

@@ -22,7 +22,7 @@ from pathlib import Path
 import pytest
 
 from benchmarks.stream_sass import CHUNK, THREADS
-from graphshard.sample.kernels import SCAN_BLOCK_SIZE
+from graphshard.sample.grid import SCAN_BLOCK_SIZE
 from graphshard.sample.rows import SUM_STEP
 from tests.test_compile_sm90 import _ptxas
 

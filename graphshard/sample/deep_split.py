@@ -40,7 +40,7 @@ _NO_ID = tl.constexpr(2147483647)
 # Lanes of `weigh_span`'s per-lane sums ([PIVOTS, SPAN_LANES] of mass, count, best Gumbel score
 # and its id): four sums, where `deep.weigh_row` keeps two over WEIGH_LANES. Unheld, ptxas gave
 # the small-batch finish 191 registers with 128 lanes and 196 with 64 (CPU compile, sm_90a): the
-# sums do not set its register count, SPLIT_FINISH_REGISTERS in `kernels` holds it. Timed with 64.
+# sums do not set its register count, SPLIT_FINISH_REGISTERS in `grid` holds it. Timed with 64.
 SPAN_LANES = tl.constexpr(64)
 
 

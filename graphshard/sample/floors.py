@@ -19,7 +19,7 @@ batch-wide wave after another) refines the published cut with one pass over its 
 a small top-k) it captures above the published cut as it is and publishes nothing
 (`capture_above_floors`).
 
-A program that streams several chunks of a row (`kernels.SPLITS_PER_PROGRAM`) does all of this
+A program that streams several chunks of a row (`grid.SPLITS_PER_PROGRAM`) does all of this
 once for them, over the maxima of all their lanes, and reports its floor for each of them.
 
 A min-p-only row needs no floor: min-p keeps `s >= max s + log(min_p)`, and the largest chunk
@@ -47,7 +47,7 @@ ID_BITS = tl.constexpr(0x7FFFFFFF)
 # too) and 3-8 % faster at 1024.
 FLOOR_PIVOTS = tl.constexpr(16)
 # Adjacent lanes a scan thread holds (1024 lanes over 8 warps, 512 over 4:
-# `kernels.scan_options`): folds and prefix sums over groups of them stay within a thread. (A
+# `grid.scan_options`): folds and prefix sums over groups of them stay within a thread. (A
 # smaller tile, below 512 columns of vocabulary, only pays a layout change.)
 THREAD_LANES = tl.constexpr(4)
 # Tiles of the hot-lane capture smaller than HOT_TILE, for programs with few hot lanes.

@@ -45,8 +45,9 @@ Execution
 ---------
 The vocabulary is cut into chunks of CHUNK columns; a program streams GROUP consecutive
 chunks of a row (one at small batch, so a single row spreads over many SMs; two at large batch,
-`SPLITS_PER_PROGRAM`, but one in rows of at most SMALL_ROW_SPLITS chunks, which capture more per
-chunk; one compiled scan per GROUP). Two launches:
+`grid.SPLITS_PER_PROGRAM`, but one in rows of at most SMALL_ROW_SPLITS chunks, which capture
+more per chunk; one compiled scan per GROUP). `graphshard.sample.grid` sets the launches' shapes
+and options. Two launches:
 1. `_scan_kernel`, grid `(max_num_reqs * M, ceil(SPLITS / GROUP))`, launched twice when a
    device flag switches the bitmask (with and without bitmask support; the flag picks which one
    works). Each program reads each of its chunks once (`graphshard.sample.stream`) for the
@@ -59,11 +60,11 @@ chunk; one compiled scan per GROUP). Two launches:
    far plus log(min_p) and need no floor search.
 2. `_finish_kernel`, grid `(max_num_reqs * M, PROGRAMS)`: settles each row
    (`graphshard.sample.resolve`) in one program. PROGRAMS is 16 for grids of at most 64 rows
-   (`FINISH_PROGRAMS`), else 1: at small batch a top-p row without top-k and min-p has its pool
-   weighed by all of its programs, a slice each, and the last to arrive settles the threshold's
+   (`grid.FINISH_PROGRAMS`), else 1: at small batch a top-p row without top-k and min-p has its
+   pool weighed by all of its programs, a slice each, and the last to arrive settles the threshold's
    interval (`graphshard.sample.nucleus`); every other row is settled by its first program while
    the rest exit.
-   the greedy and unfiltered tokens combine the chunks; top-k, top-p, min-p and the top-K
+   The greedy and unfiltered tokens combine the chunks; top-k, top-p, min-p and the top-K
    logprobs come from the pool whenever their thresholds lie above every chunk's capture floor,
    which is checked, so an answer from the pool is exact. Rows the pool cannot settle
    (adversarial rows: thousands of ties at a threshold, kept sets larger than the pool) take
@@ -83,15 +84,14 @@ import torch
 import triton
 import triton.language as tl
 
-from graphshard import config
 from graphshard.sample import rng
 from graphshard.runtime.launch import check_int32_vector, launch
+from graphshard.sample import checks, grid
 from graphshard.runtime.pdl import check_pdl, pdl_options, follow_producer
 from graphshard.sample.params import SLOT_WIDTH, SlotTables
 from graphshard.sample.records import RecordLayout
-from graphshard.sample.candidates import STAT_WORDS
 from graphshard.sample.deep import no_interval
-from graphshard.sample.nucleus import COUNT_BITS, MAX_PROGRAMS, close_pool, split_nucleus
+from graphshard.sample.nucleus import close_pool, split_nucleus
 from graphshard.sample.assemble import arrive, assemble_drafts, assemble_record
 from graphshard.sample.resolve import has_nan, settle_logprobs, settle_token
 from graphshard.sample.rows import top_p_only, uses_filters
@@ -105,52 +105,8 @@ from graphshard.sample.workspace import (CHUNK_TOP, HOT_LANES, MAX_LOGPROBS,
 
 __all__ = ["SamplerWorkspace", "sample"]
 
-LOGITS_DTYPES = tuple(getattr(torch, name) for name in config.LOGITS_DTYPES)
-_DTYPE_NAMES = ", ".join(config.LOGITS_DTYPES[:-1]) + " or " + config.LOGITS_DTYPES[-1]
-# Launch option of both kernels: no fused multiply-add. A score `x * inv_temp` must round the
-# same wherever it is computed (the scan, the pool, the reference): fused into `x * inv_temp -
-# max` it keeps the product's rounding error, which at a temperature of 1e-30 is ~1e24.
-NO_FMA = dict(enable_fp_fusion=False)
-MAX_BLOCK_SIZE = 2048
-# Tile of the split scan: 1024 columns over 8 warps keep its per-lane state within 64 registers
-# (four programs per SM); 2048 needed ~150.
-SCAN_BLOCK_SIZE = 1024
-# Registers per thread of the scan without bitmask support: 64 * 256 threads fit four programs
-# per SM (`scan_options`).
-LEAN_SCAN_REGISTERS = 64
-# Vocabulary chunks a scan program streams, by the rows of the launch's grid (its static bound,
-# so a captured graph keeps its choice): at large batch one capture step per several chunks
-# costs less than one per chunk, at small batch a row needs every program it can get. A
-# program's chunks keep their own partial results, so the choice changes no result. On an H200
-# (BENCHMARKS.md, V = 152064 fp32, batch 1024) two chunks make the top-k + top-p scan 14 %
-# faster (363 -> 311 µs) and the greedy scan 3 % slower (168 -> 173; the two-chunk scan
-# spills); four leave top-p nuclei out of the pools. Rows of at most SMALL_ROW_SPLITS chunks
-# keep one chunk per program (`_splits_per_program`).
-SPLITS_PER_PROGRAM = ((256, 2),)
-# Programs the finish gives each row, by the rows of its grid (a static bound, like the scan's
-# chunks per program, so a captured graph keeps its choice): at small batch a top-p row's large
-# pool is drawn by several of them (`nucleus`); at large batch the rows alone fill the GPU.
-FINISH_PROGRAMS = ((64, 16),)
-# A one-program finish of 8 warps over a grid of at least FINISH_CAPPED_ROWS rows is held to
-# FINISH_REGISTERS per thread (ptxas spills ~1.5 KB): four programs per SM instead of two
-# (128 registers without bitmask support; ~170 with it, one per SM), which a batch that fills
-# the GPU with rows alone turns into speed and a smaller one does not (BENCHMARKS.md, H200, the
-# finish without bitmask support: at batch 1024 20-37 % less time at V = 152064 fp32, 36-60 %
-# at 128256 bf16; at 256 up to 5 % more). The same code and layouts, so the same results: 4
-# warps instead, as fast, would change the order of the finish's block-wide sums.
-FINISH_CAPPED_ROWS = 512
-FINISH_REGISTERS = 64
-# A finish that splits rows over programs (8 warps) is held to SPLIT_FINISH_REGISTERS, two
-# programs per SM: ptxas chose 128 for it (spilling 168 bytes) until the deep draw's first
-# round by the row's programs (`deep_split`), then 191-196 with no spill, which leaves one
-# program per SM for every mode of the small batches (CPU compile, sm_90a).
-SPLIT_FINISH_REGISTERS = 128
 # Pool entries a finish program weighs at most (fewer where the pool is smaller).
 MAX_SLICE = 256
-# The scan unrolls its chunk loop: a bound on its code size.
-MAX_SPLITS_PER_PROGRAM = 4
-# Tile of the whole-row paths: their wider per-token state would cost registers.
-SMALL_BLOCK_SIZE = 512
 POOL_TILE = 1024
 # Bits of a threshold decided per pass of a radix search: 16 candidates, 8 passes.
 RADIX_BITS = tl.constexpr(4)
@@ -489,148 +445,6 @@ def _settle_row(row, drawn_before, pool, top, records, draft_ptr, workspace, req
 # --------------------------------------------------------------------------- host side
 
 
-def _check_tables(tables: SlotTables, device: torch.device) -> None:
-    if not isinstance(tables, SlotTables):
-        raise TypeError(f"tables must be a SlotTables, got {type(tables).__name__}")
-    if tables.packed.device != device:
-        raise ValueError(f"tables are on {tables.packed.device}, logits on {device}")
-    if not tables.packed.is_contiguous():
-        raise ValueError("tables.packed must be contiguous")
-
-
-def _check_workspace(workspace: SamplerWorkspace, vocab_size: int, layout: RecordLayout,
-                     max_num_reqs: int, device: torch.device) -> None:
-    if not isinstance(workspace, SamplerWorkspace):
-        raise TypeError(f"workspace must be a SamplerWorkspace, got {type(workspace).__name__}")
-    if workspace.buffer.device != device:
-        raise ValueError(f"workspace is on {workspace.buffer.device}, logits on {device}")
-    if workspace.vocab_size != vocab_size:
-        raise ValueError(f"workspace was allocated for vocab_size {workspace.vocab_size}, "
-                         f"got {vocab_size}")
-    if workspace.max_num_logits_per_req != layout.max_num_logits_per_req:
-        raise ValueError(f"workspace was allocated for {workspace.max_num_logits_per_req} logits "
-                         f"rows per request, the layout has {layout.max_num_logits_per_req}")
-    if workspace.max_num_reqs < max_num_reqs:
-        raise ValueError(f"workspace holds {workspace.max_num_reqs} requests, "
-                         f"max_num_reqs is {max_num_reqs}")
-
-
-def _check_bitmask(bitmask, bitmask_rows, bitmask_enabled, vocab_size, num_rows, device) -> None:
-    if (bitmask is None) != (bitmask_rows is None):
-        raise ValueError("bitmask and bitmask_rows go together: pass both or neither")
-    if bitmask is not None:
-        words = bitmask_words(vocab_size)
-        if not isinstance(bitmask, torch.Tensor) or bitmask.dtype != torch.int32:
-            raise TypeError(f"bitmask must be an int32 tensor, got "
-                            f"{getattr(bitmask, 'dtype', type(bitmask).__name__)}")
-        if bitmask.device != device:
-            raise ValueError(f"bitmask is on {bitmask.device}, logits on {device}")
-        if bitmask.dim() != 2 or bitmask.shape[1] < words or bitmask.stride(1) != 1:
-            raise ValueError(f"bitmask must be [rows, >= {words}] with a contiguous last dim, "
-                             f"got shape {tuple(bitmask.shape)} strides {bitmask.stride()}")
-        check_int32_vector("bitmask_rows", bitmask_rows, num_rows, device, where="logits")
-    if bitmask_enabled is not None:
-        if bitmask is None:
-            raise ValueError("bitmask_enabled needs a bitmask")
-        check_int32_vector("bitmask_enabled", bitmask_enabled, 1, device, where="logits")
-
-
-def _check_records(records, layout: RecordLayout, max_num_reqs: int, device) -> None:
-    if not isinstance(records, torch.Tensor) or records.dtype != torch.int32:
-        raise TypeError(f"records must be an int32 tensor, got "
-                        f"{getattr(records, 'dtype', type(records).__name__)}")
-    if records.device != device:
-        raise ValueError(f"records is on {records.device}, logits on {device}")
-    if records.dim() != 2 or records.shape[1] != layout.width or records.shape[0] < max_num_reqs \
-            or records.stride(1) != 1:
-        raise ValueError(f"records must be [>= {max_num_reqs}, {layout.width}] with a contiguous "
-                         f"last dim, got shape {tuple(records.shape)} strides {records.stride()}")
-
-
-def _block_size(vocab_size: int, k_p: int, block_size: int | None) -> int:
-    if block_size is None:
-        block_size = min(MAX_BLOCK_SIZE, triton.next_power_of_2(vocab_size))
-    if block_size < 1 or block_size & (block_size - 1):
-        raise ValueError(f"block_size must be a power of two, got {block_size}")
-    # The running top-K merge takes a tile's top K_P, so a tile holds at least K_P tokens.
-    return max(block_size, k_p, 16)
-
-
-def _tile_options(block: int) -> dict:
-    """Both kernels' options for a tile of `block` columns: 8 warps from 1024 columns."""
-    return dict(num_warps=8 if block >= 1024 else 4, **NO_FMA)
-
-
-def scan_options(has_bitmask: bool, block: int) -> dict:
-    """Launch options of `_scan_kernel`'s variant. The variant without bitmask support is held to
-    LEAN_SCAN_REGISTERS: it streams at memory speed only with four programs of 8 warps per SM, and
-    left alone ptxas gives it a few registers more than that for code that runs after the
-    stream (it fits in 64 with no spills when asked)."""
-    options = _tile_options(block)
-    if not has_bitmask:
-        options["maxnreg"] = LEAN_SCAN_REGISTERS
-    return options
-
-
-def _splits_per_program(grid_rows: int, splits: int, override: int | None) -> int:
-    if override is not None:
-        if isinstance(override, bool) or not isinstance(override, int) \
-                or not 1 <= override <= MAX_SPLITS_PER_PROGRAM:
-            raise ValueError(f"splits_per_program must be an int in [1, "
-                             f"{MAX_SPLITS_PER_PROGRAM}], got {override!r}")
-        return min(override, max(splits, 1))
-    group = 1
-    for rows, per_program in SPLITS_PER_PROGRAM:
-        if grid_rows >= rows:
-            group = per_program
-    if splits <= SMALL_ROW_SPLITS:
-        # Two of a small row's chunks would need twice its larger capture (`chunk_top`) from
-        # one program, past its HOT_LANES: on an H100 at V = 32000 bf16 that doubled the top-p
-        # scan at batch 256 and 1024; one chunk per program cost greedy 0.6-1.8 µs there
-        # (BENCHMARKS.md).
-        group = 1
-    return min(group, max(splits, 1))
-
-
-def finish_options(grid_rows: int, programs: int, block: int) -> dict:
-    """Launch options of `_finish_kernel` (see FINISH_CAPPED_ROWS)."""
-    options = _tile_options(block)
-    if options["num_warps"] == 8 and programs == 1 and grid_rows >= FINISH_CAPPED_ROWS:
-        options["maxnreg"] = FINISH_REGISTERS
-    elif options["num_warps"] == 8 and programs > 1:
-        options["maxnreg"] = SPLIT_FINISH_REGISTERS
-    return options
-
-
-def count_tiles(options: dict) -> int:
-    """Tiles a step of the finish's counts over a row (`resolve.count_row`): four, all loaded
-    before any is counted, except in a finish held to FINISH_REGISTERS. On an H100 a row's count
-    at V = 152064 fp32 took ~23 µs against ~39 with one tile a step; the held finish's code,
-    which no row of those batches counts, made its logprob rows ~1 µs slower at batch 1024 with
-    four (BENCHMARKS.md), so it keeps one."""
-    return 1 if options.get("maxnreg") == FINISH_REGISTERS else 4
-
-
-def _finish_programs(grid_rows: int, splits: int, cap: int, vocab_size: int,
-                     override: int | None) -> int:
-    """Programs per row of the finish (each weighs `finish_slice` pool entries)."""
-    if override is not None:
-        if isinstance(override, bool) or not isinstance(override, int) \
-                or override not in (1, 2, 4, 8, 16) or override > MAX_PROGRAMS.value:
-            raise ValueError(f"finish_programs must be 1, 2, 4, 8 or 16, got {override!r}")
-        programs = override
-    else:
-        programs = next((p for rows, p in FINISH_PROGRAMS if grid_rows <= rows), 1)
-    # Each program's results go to the row's hot-lane scratch; the pool count word holds the
-    # count below the arrival fields; a slice under 16 entries is not worth a program.
-    while programs > 1 and (programs * STAT_WORDS.value > splits * HOT_LANES.value
-                            or cap // programs < 16):
-        programs //= 2
-    if splits < 2 or vocab_size >= 2**COUNT_BITS.value:
-        programs = 1
-    return programs
-
-
 @triton.constexpr_function
 def nucleus_winner(programs):
     """Whether the scan draws a top-p-only row's unfiltered winner, which the finish needs when
@@ -657,26 +471,13 @@ def sample(logits: torch.Tensor, *, vocab_size: int, num_reqs: torch.Tensor,
     preallocated `workspace` (`SamplerWorkspace.allocate`) it never syncs with the host and
     allocates nothing, so it can run inside a captured graph; without one it allocates a
     workspace per call (eager use only). `block_size` (power of two) overrides the vocab tile,
-    `splits_per_program` (1 to MAX_SPLITS_PER_PROGRAM) the vocabulary chunks a scan program
-    streams (by default `SPLITS_PER_PROGRAM` of the grid's rows; one compiled scan per value),
+    `splits_per_program` (1 to `grid.MAX_SPLITS_PER_PROGRAM`) the vocabulary chunks a scan program
+    streams (by default `grid.SPLITS_PER_PROGRAM` of the grid's rows; one compiled scan per value),
     `finish_programs` (1, 2, 4, 8 or 16) the programs per row of the finish (by default
-    `FINISH_PROGRAMS`; fewer where the workspace has no room); none changes a result. `pdl`
+    `grid.FINISH_PROGRAMS`; fewer where the workspace has no room); none changes a result. `pdl`
     launches both kernels as programmatic dependents of the kernel before each (compute
     capability 9.0+, `graphshard.runtime.pdl`): the same results, scheduled earlier."""
-    if not isinstance(logits, torch.Tensor):
-        raise TypeError(f"logits must be a torch.Tensor, got {type(logits).__name__}")
-    if logits.dtype not in LOGITS_DTYPES:
-        raise TypeError(f"logits must be {_DTYPE_NAMES}, got {logits.dtype}")
-    if logits.dim() != 2 or (logits.shape[1] > 1 and logits.stride(1) != 1):
-        raise ValueError(f"logits must be 2-D [rows, padded_vocab] with a contiguous last dim, "
-                         f"got shape {tuple(logits.shape)} strides {logits.stride()}")
-    if isinstance(vocab_size, bool) or not isinstance(vocab_size, int) \
-            or not (1 <= vocab_size <= logits.shape[1]):
-        raise ValueError(f"vocab_size must be an int in [1, {logits.shape[1]}], got {vocab_size!r}")
-    if isinstance(max_num_reqs, bool) or not isinstance(max_num_reqs, int) or max_num_reqs < 0:
-        raise ValueError(f"max_num_reqs must be an int >= 0, got {max_num_reqs!r}")
-    if not isinstance(layout, RecordLayout):
-        raise TypeError(f"layout must be a RecordLayout, got {type(layout).__name__}")
+    checks.check_logits(logits, vocab_size, max_num_reqs, layout)
     device = logits.device
     num_rows = logits.shape[0]
     check_pdl(pdl, device, "sample")
@@ -684,24 +485,25 @@ def sample(logits: torch.Tensor, *, vocab_size: int, num_reqs: torch.Tensor,
     check_int32_vector("req_slots", req_slots, max_num_reqs, device, where="logits")
     check_int32_vector("cu_num_logits", cu_num_logits, max_num_reqs + 1, device, where="logits")
     check_int32_vector("seq_lens", seq_lens, max_num_reqs, device, where="logits")
-    _check_tables(tables, device)
-    _check_records(records, layout, max_num_reqs, device)
+    checks.check_tables(tables, device)
+    checks.check_records(records, layout, max_num_reqs, device)
     if draft_tokens is not None:
         check_int32_vector("draft_tokens", draft_tokens, num_rows, device, where="logits")
-    _check_bitmask(bitmask, bitmask_rows, bitmask_enabled, vocab_size, num_rows, device)
+    checks.check_bitmask(bitmask, bitmask_rows, bitmask_enabled, bitmask_words(vocab_size),
+                         num_rows, device)
     m, k = layout.max_num_logits_per_req, layout.num_logprobs
     if k > MAX_LOGPROBS.value:
         raise ValueError(f"layout.num_logprobs must be <= {MAX_LOGPROBS.value}, got {k}")
-    block = _block_size(vocab_size, padded(k), block_size)
+    block = grid.tile_block(vocab_size, padded(k), block_size)
     if workspace is None:
         workspace = SamplerWorkspace.allocate(max_num_reqs, m, vocab_size, device)
-    _check_workspace(workspace, vocab_size, layout, max_num_reqs, device)
+    checks.check_workspace(workspace, vocab_size, layout, max_num_reqs, device)
     if max_num_reqs == 0:
         return
 
     chunk, splits, cap = workspace.chunk_size, workspace.num_splits, workspace.pool_size
     # Powers of two: the scan's tile divides its chunk.
-    chunk_block = min(block, chunk, SCAN_BLOCK_SIZE)
+    chunk_block = min(block, chunk, grid.SCAN_BLOCK_SIZE)
     mask = Bitmask(bitmask, bitmask_rows) if bitmask is not None else None
     bitmask_stride = bitmask.stride(0) if bitmask is not None else 0
     batch = (num_reqs, req_slots, cu_num_logits, seq_lens)
@@ -710,19 +512,20 @@ def sample(logits: torch.Tensor, *, vocab_size: int, num_reqs: torch.Tensor,
     buffers_arg = ((tables.packed, workspace.buffer), workspace.max_num_reqs * m)
     sizes = dict(VOCAB=vocab_size, M=m, K=k, SPLITS=splits, CAP=cap, BLOCK=chunk_block)
     dependent = pdl_options(pdl)
-    group = _splits_per_program(max_num_reqs * m, splits, splits_per_program)
+    group = grid.scan_group(max_num_reqs * m, splits, splits_per_program)
     scan_grid = (max_num_reqs * m, -(-splits // group))
-    programs = _finish_programs(max_num_reqs * m, splits, cap, vocab_size, finish_programs)
+    programs = grid.finish_programs(max_num_reqs * m, splits, cap, vocab_size, finish_programs)
     scan_sizes = dict(sizes, CHUNK=chunk, GROUP=group, NUCLEUS_WINNER=nucleus_winner(programs))
     launch(_scan_kernel, scan_grid, logits_arg, *batch, mask, bitmask_stride, bitmask_enabled,
-           *buffers_arg, **scan_sizes, **dependent, **scan_options(bitmask is not None, chunk_block))
+           *buffers_arg, **scan_sizes, **dependent,
+           **grid.scan_options(bitmask is not None, chunk_block))
     if bitmask_enabled is not None:
         # The variant for steps whose flag is off (see `_scan_kernel`).
         launch(_scan_kernel, scan_grid, logits_arg, *batch, None, 0, bitmask_enabled,
-               *buffers_arg, **scan_sizes, **dependent, **scan_options(False, chunk_block))
-    options = finish_options(max_num_reqs * m, programs, chunk_block)
+               *buffers_arg, **scan_sizes, **dependent, **grid.scan_options(False, chunk_block))
+    options = grid.finish_options(max_num_reqs * m, programs, chunk_block)
     launch(_finish_kernel, (max_num_reqs * m, programs), logits_arg, *batch, mask,
            bitmask_stride, bitmask_enabled, *buffers_arg,
            (records, records.stride(0)), draft_tokens, **sizes, **dependent,
-           SMALL_BLOCK=min(block, SMALL_BLOCK_SIZE), PROGRAMS=programs,
-           COUNT_TILES=count_tiles(options), **options)
+           SMALL_BLOCK=min(block, grid.SMALL_BLOCK_SIZE), PROGRAMS=programs,
+           COUNT_TILES=grid.count_tiles(options), **options)

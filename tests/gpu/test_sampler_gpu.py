@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 import torch
 
-from graphshard.sample import kernels as sampler
+from graphshard.sample import grid, kernels as sampler
 from graphshard.sample.params import SamplingParams
 from tests.sample.test_deep import assert_winners_checked, kept_winner_batch, with_seed
 from tests.sample.test_sampler import NO_SLOW_PATHS, ROW_KINDS, adversarial_batch, make_batch, \
@@ -225,8 +225,8 @@ def test_capped_finish_changes_no_result_full_vocabulary(dtype, monkeypatch):
     n = len(b.params)
     results = []
     for rows in (1 << 30, 1):
-        monkeypatch.setattr(sampler, "FINISH_CAPPED_ROWS", rows)
-        assert ("maxnreg" in sampler.finish_options(n, 1, 1024)) == (rows <= n)
+        monkeypatch.setattr(grid, "FINISH_CAPPED_ROWS", rows)
+        assert ("maxnreg" in grid.finish_options(n, 1, 1024)) == (rows <= n)
         ws = sampler.SamplerWorkspace.allocate(n, 1, V, "cuda")
         records, layout = run_kernel(b, K=20, vocab_size=V, block_size=None, workspace=ws,
                                      finish_programs=1)
@@ -253,7 +253,7 @@ def test_capped_bitmask_finish_changes_no_result_full_vocabulary(monkeypatch):
     for enabled in (0, 1):
         results = []
         for rows in (1 << 30, 1):
-            monkeypatch.setattr(sampler, "FINISH_CAPPED_ROWS", rows)
+            monkeypatch.setattr(grid, "FINISH_CAPPED_ROWS", rows)
             b.bitmask, b.bitmask_rows = mask, np.arange(n, dtype=np.int32)
             ws = sampler.SamplerWorkspace.allocate(n, 1, V, "cuda")
             records, layout = run_kernel(b, K=20, vocab_size=V, block_size=None, workspace=ws,

@@ -800,52 +800,6 @@ def test_one_compiled_kernel_pair_serves_every_batch_size(monkeypatch):
     assert grids[sampler._finish_kernel] == [(2 * b, 16) for b in bounds]
 
 
-def test_splits_per_program_by_grid_rows():
-    rows, group = sampler.SPLITS_PER_PROGRAM[0]
-    assert sampler._splits_per_program(rows - 1, 19, None) == 1
-    assert sampler._splits_per_program(rows, 19, None) == group
-    assert sampler._splits_per_program(rows, 1, None) == 1
-    assert sampler._splits_per_program(1, 19, 4) == 4
-    assert sampler._splits_per_program(1, 3, 4) == 3
-    for bad in (0, -1, 5, 1.5, True, "2"):
-        with pytest.raises(ValueError, match="splits_per_program"):
-            sampler._splits_per_program(1, 19, bad)
-
-
-def test_finish_programs_by_grid_rows_and_room():
-    rows, programs = sampler.FINISH_PROGRAMS[0]
-    # V = 152064: 19 chunks, a pool of 8192, slices of 256.
-    assert sampler._finish_programs(rows, 19, 8192, 152064, None) == programs
-    assert sampler._finish_programs(rows + 1, 19, 8192, 152064, None) == 1
-    assert sampler._finish_programs(1, 19, 8192, 152064, 4) == 4
-    assert [sampler.finish_slice(8192, p) for p in (1, 4, 16)] == [256, 256, 256]
-    # Room: 2 chunks hold 640 scratch words (8 programs), a pool of 64 slices of 16 (4).
-    assert sampler._finish_programs(1, 2, 8192, 16000, 16) == 8
-    assert sampler._finish_programs(1, 4, 64, 200, 16) == 4
-    assert sampler.finish_slice(64, 4) == 16
-    # One chunk, or a vocabulary past the pool word's count bits: one program.
-    assert sampler._finish_programs(1, 1, 256, 200, 16) == 1
-    assert sampler._finish_programs(1, 200, 16384, 2**20, 16) == 1
-    for bad in (0, 3, 32, 1.5, True, "2"):
-        with pytest.raises(ValueError, match="finish_programs"):
-            sampler._finish_programs(1, 19, 8192, 152064, bad)
-
-
-def test_finish_registers_capped_for_large_one_program_grids():
-    rows, cap = sampler.FINISH_CAPPED_ROWS, sampler.FINISH_REGISTERS
-    assert sampler.finish_options(rows, 1, 1024) == dict(num_warps=8, maxnreg=cap, **sampler.NO_FMA)
-    assert sampler.finish_options(rows - 1, 1, 1024) == dict(num_warps=8, **sampler.NO_FMA)
-    # Rows split over programs are held to two programs per SM; 4-warp finishes (small tiles)
-    # keep every register.
-    assert sampler.finish_options(rows, 2, 1024) == dict(
-        num_warps=8, maxnreg=sampler.SPLIT_FINISH_REGISTERS, **sampler.NO_FMA)
-    assert sampler.finish_options(rows, 1, 512) == dict(num_warps=4, **sampler.NO_FMA)
-    # Only the held finish counts a row one tile a step.
-    assert sampler.count_tiles(sampler.finish_options(rows, 1, 1024)) == 1
-    assert sampler.count_tiles(sampler.finish_options(rows - 1, 1, 1024)) == 4
-    assert sampler.count_tiles(sampler.finish_options(rows, 2, 1024)) == 4
-
-
 def test_bitmask_row_stride_does_not_specialise(monkeypatch):
     """The engine's bitmask rows are as wide as the padded vocabulary, the oracle's perhaps as
     wide as the real one: both launch the same compiled kernels."""
