@@ -17,16 +17,17 @@ SECONDS=0
 
 # test_shards SECONDS SHARD...: each shard ("FILES_OR_NODE_IDS[ -k EXPRESSION]") a pytest
 # process of its own, in the background, into $OUT/tests_<n>.txt. They compile their own
-# variants into .triton_cache_tests, one core a process, while the timed parts run. With TREE
-# set (an ablation's tree), they run in that tree instead of the root, into
-# $OUT/tests_<n>_<tree name>.txt, with a cache .triton_cache_tests_<tree name>.
+# variants into .triton_cache_tests (TEST_CACHE, an absolute path, instead: a cache built ahead),
+# one core a process, while the timed parts run. With TREE set (an ablation's tree), they run in
+# that tree instead of the root, into $OUT/tests_<n>_<tree name>.txt, with a cache
+# .triton_cache_tests_<tree name>.
 test_shards() {
   local limit=$1 i=0 shard files k tag=${TREE:+_$(basename "$TREE")}
   shift
   for shard in "$@"; do
     files=${shard%% -k *} k=
     [[ $shard == *" -k "* ]] && k=${shard#* -k }
-    (cd "${TREE:-$R}" && TRITON_CACHE_DIR=$R/.triton_cache_tests$tag timeout -k 5 "$limit" \
+    (cd "${TREE:-$R}" && TRITON_CACHE_DIR=${TEST_CACHE:-$R/.triton_cache_tests}$tag timeout -k 5 "$limit" \
        python3 -m pytest -q -rs -p no:cacheprovider $files ${k:+-k "$k"} \
        > "$OUT/tests_$i$tag.txt" 2>&1) &
     i=$((i + 1))
