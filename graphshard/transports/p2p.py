@@ -64,9 +64,6 @@ the CPU suite run the real kernels, barriers included, across processes.
 
 from __future__ import annotations
 
-import os
-import time
-
 import torch
 import torch.distributed as dist
 import triton
@@ -78,6 +75,7 @@ from graphshard.plan.layout import PlanBuffers
 from graphshard.plan.staging import signal_done
 from graphshard.transports.base import Transport
 from graphshard.transports.peer_memory import SharedFileMemory, SymmetricMemory
+from graphshard.transports.signals import sync
 
 # Signal-pad channels: two phases (start, end) per kind of kernel.
 _CH_ROWS, _CH_RECORDS, _CH_BARRIER, _CH_CLOSE = 0, 2, 4, 6
@@ -85,108 +83,6 @@ _NUM_CHANNELS = 8
 _MAX_ROW_BLOCK = 4096
 _PHASES = ("row push start", "row push end", "record push start", "record push end",
            "barrier phase 1", "barrier phase 2", "step close start", "step close end")
-
-if os.environ.get("TRITON_INTERPRET") == "1":
-    @triton.jit
-    def _clock_ns():
-        return time.monotonic_ns()  # the interpreter has no %globaltimer
-
-    @triton.jit
-    def _spin_pause():
-        # Interpreted ranks share a few CPU cores: a rank spinning flat out starves the peer it
-        # waits for.
-        time.sleep(20e-6)
-else:
-    @triton.jit
-    def _spin_pause():
-        pass
-
-    @triton.jit
-    def _clock_ns():
-        """%globaltimer as one value for the whole program. Warps read the clock at different
-        times; the max over a tensor that spans every thread is reduced through shared memory,
-        so each thread gets the same value (1024 lanes: at least one per thread)."""
-        lanes = tl.arange(0, 1024)
-        now = tl.inline_asm_elementwise("mov.u64 $0, %globaltimer;", "=l,r", [lanes],
-                                        dtype=tl.int64, is_pure=False, pack=1)
-        return tl.max(now, axis=0)
-
-
-@triton.jit
-def _arrive(signal_ptrs_ptr, slot, rank, WORLD_SIZE: tl.constexpr):
-    """Raise this rank's flag for `slot` on every rank's pad; release publishes this program's
-    earlier stores (the CTA barrier first makes every thread's stores part of it)."""
-    WORLD_POW2: tl.constexpr = triton.next_power_of_2(WORLD_SIZE)
-    peers = tl.arange(0, WORLD_POW2)
-    live = peers < WORLD_SIZE
-    pads = tl.load(signal_ptrs_ptr + peers, mask=live, other=0).to(tl.pointer_type(tl.int32))
-    tl.debug_barrier()
-    tl.atomic_xchg(pads + slot * WORLD_SIZE + rank, tl.full([WORLD_POW2], 1, tl.int32), mask=live,
-                   sem="release", scope="sys")
-
-
-@triton.jit
-def _healthy(status_ptr):
-    """No barrier has given up yet. An atomic read runs on one thread and is broadcast; a plain
-    load runs on every thread, and a status landing between two warps' loads would split them."""
-    return tl.atomic_add(status_ptr, 0, sem="relaxed", scope="gpu") == 0
-
-
-@triton.jit
-def _await(signal_ptrs_ptr, status_ptr, healthy, slot, rank, timeout_ns, MAX_BLOCKS: tl.constexpr,
-           WORLD_SIZE: tl.constexpr):
-    """Wait for every rank's flag for `slot` on this rank's pad and consume it (acquire). Gives
-    up past `timeout_ns`, or at once when an earlier kernel faulted (`healthy` is false), and
-    records why. Returns whether every peer arrived: a program that gave up skips its later
-    barriers (measured on H200: a second barrier in the same kernel did not see the first one's
-    status write). The flag's CAS (one thread, broadcast) and `_clock_ns` are program-wide
-    values, so every thread leaves the loop at the same spin."""
-    pad = tl.load(signal_ptrs_ptr + rank).to(tl.pointer_type(tl.int32)) + slot * WORLD_SIZE
-    ok = healthy
-    if ok:
-        start = tl.zeros([], dtype=tl.int64)  # set at the first clock read: 0 is never a time
-        for peer in tl.static_range(WORLD_SIZE):
-            arrived = tl.atomic_cas(pad + peer, 1, 0, sem="acquire", scope="sys") == 1
-            late = False
-            spins = 0
-            while not (arrived | late):
-                _spin_pause()
-                arrived = tl.atomic_cas(pad + peer, 1, 0, sem="acquire", scope="sys") == 1
-                spins += 1
-                if spins % 64 == 0:  # the clock stays off the common, short waits
-                    now = _clock_ns()
-                    start = tl.where(start == 0, now, start)
-                    late = now - start > timeout_ns
-            if not arrived:
-                _record_fault(status_ptr, slot // MAX_BLOCKS, peer)
-            ok = ok & arrived
-    tl.debug_barrier()
-    return ok
-
-
-@triton.jit
-def _record_fault(status_ptr, phase, peer):
-    """status = [1 + phase, peer] in device memory, then in the pinned host copy whose address
-    is status[2:4]; the first program to give up wins. The system-scope atomic last makes the
-    host copy visible before anything this program does next, such as the step's done word a
-    fused record push writes (the host reads the status after seeing that word)."""
-    if tl.atomic_cas(status_ptr, 0, 1 + phase, sem="relaxed", scope="gpu") == 0:
-        host = tl.load(status_ptr.to(tl.pointer_type(tl.int64)) + 1)
-        host = host.to(tl.pointer_type(tl.int32))
-        tl.store(host + 1, peer)
-        tl.store(host, 1 + phase)
-        tl.atomic_xchg(status_ptr + 1, peer, sem="acq_rel", scope="sys")
-
-
-@triton.jit
-def _sync(signal_ptrs_ptr, status_ptr, slot, rank, timeout_ns, MAX_BLOCKS: tl.constexpr,
-          WORLD_SIZE: tl.constexpr):
-    _arrive(signal_ptrs_ptr, slot, rank, WORLD_SIZE)
-    # Read after the arrive, so its latency overlaps the flag stores.
-    healthy = _healthy(status_ptr)
-    return _await(signal_ptrs_ptr, status_ptr, healthy, slot, rank, timeout_ns, MAX_BLOCKS,
-                  WORLD_SIZE)
-
 
 @triton.jit(do_not_specialize=["num_rows", "timeout_ns"])
 def _push_rows_kernel(
@@ -196,7 +92,7 @@ def _push_rows_kernel(
     num_rows,  # rows every rank receives (all-gather)
     dst_ptrs_ptr,  # [T] int64: each rank's receive buffer [max_num_rows, T * VOCAB_SHARD]
     signal_ptrs_ptr,  # [T] int64: each rank's signal pad [channels, MAX_BLOCKS, T]
-    status_ptr,  # [4] int32: fault status (see _record_fault)
+    status_ptr,  # [4] int32: fault status (`graphshard.transports.signals`)
     digest,  # AGREE: (the step's fetched inputs, int64 (graphshard.transports.digest.load_digest),
     #          their layout's N, [T] int64: each rank's digest buffer [T, DIGEST_WORDS] int64)
     rank,
@@ -216,7 +112,7 @@ def _push_rows_kernel(
     num_programs = tl.num_programs(0)
     ok = True
     if FENCE:
-        ok = _sync(signal_ptrs_ptr, status_ptr, CHANNEL * MAX_BLOCKS + pid, rank, timeout_ns,
+        ok = sync(signal_ptrs_ptr, status_ptr, CHANNEL * MAX_BLOCKS + pid, rank, timeout_ns,
                    MAX_BLOCKS, WORLD_SIZE)
     if AGREE:
         # 32 bytes to every rank, landed by this kernel's end barrier. The last program has the
@@ -256,7 +152,7 @@ def _push_rows_kernel(
         item += num_programs
 
     if ok:
-        _sync(signal_ptrs_ptr, status_ptr, (CHANNEL + 1) * MAX_BLOCKS + pid, rank, timeout_ns,
+        sync(signal_ptrs_ptr, status_ptr, (CHANNEL + 1) * MAX_BLOCKS + pid, rank, timeout_ns,
               MAX_BLOCKS, WORLD_SIZE)
 
 
@@ -301,7 +197,7 @@ def _push_records_kernel(
     num_programs = tl.num_programs(0)
     ok = True
     if FENCE_BEFORE:
-        ok = _sync(signal_ptrs_ptr, status_ptr, CHANNEL * MAX_BLOCKS + pid, rank, timeout_ns,
+        ok = sync(signal_ptrs_ptr, status_ptr, CHANNEL * MAX_BLOCKS + pid, rank, timeout_ns,
                    MAX_BLOCKS, WORLD_SIZE)
 
     num_local = tl.load(local_num_reqs_ptr)
@@ -328,7 +224,7 @@ def _push_records_kernel(
         if ok & (pid == num_programs - 1):
             judge(digests_ptr, 2 * DIGEST_SIZE, verdicts_address_ptr, done_seq_ptr, WORLD_SIZE)
     if ok:
-        _sync(signal_ptrs_ptr, status_ptr, (CHANNEL + 1) * MAX_BLOCKS + pid, rank, timeout_ns,
+        sync(signal_ptrs_ptr, status_ptr, (CHANNEL + 1) * MAX_BLOCKS + pid, rank, timeout_ns,
               MAX_BLOCKS, WORLD_SIZE)
     if DONE:
         # Each program's end barrier covers the peers' programs of its id; the step is done
@@ -344,9 +240,9 @@ def _push_records_kernel(
 def _barrier_kernel(signal_ptrs_ptr, status_ptr, rank, timeout_ns, WORLD_SIZE: tl.constexpr,
                     MAX_BLOCKS: tl.constexpr, CHANNEL: tl.constexpr):
     # Two phases, so a fast rank cannot re-raise a flag its peer has not consumed yet.
-    if _sync(signal_ptrs_ptr, status_ptr, CHANNEL * MAX_BLOCKS, rank, timeout_ns, MAX_BLOCKS,
+    if sync(signal_ptrs_ptr, status_ptr, CHANNEL * MAX_BLOCKS, rank, timeout_ns, MAX_BLOCKS,
              WORLD_SIZE):
-        _sync(signal_ptrs_ptr, status_ptr, (CHANNEL + 1) * MAX_BLOCKS, rank, timeout_ns,
+        sync(signal_ptrs_ptr, status_ptr, (CHANNEL + 1) * MAX_BLOCKS, rank, timeout_ns,
               MAX_BLOCKS, WORLD_SIZE)
 
 
