@@ -113,7 +113,7 @@ def _push_rows_kernel(
     ok = True
     if FENCE:
         ok = sync(signal_ptrs_ptr, status_ptr, CHANNEL * MAX_BLOCKS + pid, rank, timeout_ns,
-                   MAX_BLOCKS, WORLD_SIZE)
+                  MAX_BLOCKS, WORLD_SIZE)
     if AGREE:
         # 32 bytes to every rank, landed by this kernel's end barrier. The last program has the
         # least row work at small batches.
@@ -153,7 +153,7 @@ def _push_rows_kernel(
 
     if ok:
         sync(signal_ptrs_ptr, status_ptr, (CHANNEL + 1) * MAX_BLOCKS + pid, rank, timeout_ns,
-              MAX_BLOCKS, WORLD_SIZE)
+             MAX_BLOCKS, WORLD_SIZE)
 
 
 @triton.jit
@@ -198,7 +198,7 @@ def _push_records_kernel(
     ok = True
     if FENCE_BEFORE:
         ok = sync(signal_ptrs_ptr, status_ptr, CHANNEL * MAX_BLOCKS + pid, rank, timeout_ns,
-                   MAX_BLOCKS, WORLD_SIZE)
+                  MAX_BLOCKS, WORLD_SIZE)
 
     num_local = tl.load(local_num_reqs_ptr)
     num_tiles = (num_local + REQ_TILE - 1) // REQ_TILE
@@ -225,7 +225,7 @@ def _push_records_kernel(
             judge(digests_ptr, 2 * DIGEST_SIZE, verdicts_address_ptr, done_seq_ptr, WORLD_SIZE)
     if ok:
         sync(signal_ptrs_ptr, status_ptr, (CHANNEL + 1) * MAX_BLOCKS + pid, rank, timeout_ns,
-              MAX_BLOCKS, WORLD_SIZE)
+             MAX_BLOCKS, WORLD_SIZE)
     if DONE:
         # Each program's end barrier covers the peers' programs of its id; the step is done
         # once every program is past its own. The last one writes the done word and re-arms the
@@ -241,9 +241,9 @@ def _barrier_kernel(signal_ptrs_ptr, status_ptr, rank, timeout_ns, WORLD_SIZE: t
                     MAX_BLOCKS: tl.constexpr, CHANNEL: tl.constexpr):
     # Two phases, so a fast rank cannot re-raise a flag its peer has not consumed yet.
     if sync(signal_ptrs_ptr, status_ptr, CHANNEL * MAX_BLOCKS, rank, timeout_ns, MAX_BLOCKS,
-             WORLD_SIZE):
+            WORLD_SIZE):
         sync(signal_ptrs_ptr, status_ptr, (CHANNEL + 1) * MAX_BLOCKS, rank, timeout_ns,
-              MAX_BLOCKS, WORLD_SIZE)
+             MAX_BLOCKS, WORLD_SIZE)
 
 
 # -- the transport ------------------------------------------------------------------------------

@@ -110,7 +110,7 @@ def _record_fault(status_ptr, phase, peer):
 
 @triton.jit
 def sync(signal_ptrs_ptr, status_ptr, slot, rank, timeout_ns, MAX_BLOCKS: tl.constexpr,
-          WORLD_SIZE: tl.constexpr):
+         WORLD_SIZE: tl.constexpr):
     _arrive(signal_ptrs_ptr, slot, rank, WORLD_SIZE)
     # Read after the arrive, so its latency overlaps the flag stores.
     healthy = _healthy(status_ptr)
