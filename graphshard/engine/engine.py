@@ -18,9 +18,10 @@ import torch
 import torch.distributed as dist
 
 from graphshard.engine.agreement import AgreementCheck, SlotDigest, digest
+from graphshard.engine.capture import (COMPILE_SKEW_S, compile_samplers, fallback_keys, graph_keys,
+                                       placeholder_batch, timing_keys)
 from graphshard.config import LOGITS_DTYPES, Config
 from graphshard.runtime.devices import check_kernels_run_on, resolve_device
-from graphshard.runtime.launch import compile_launches, compile_workers
 from graphshard.runtime.pdl import supports_pdl
 from graphshard.engine.divergence import DivergenceCheck
 from graphshard.errors import (EngineStateError, InvalidBatchError, InvalidParamsError, InvalidSlotError,
@@ -33,7 +34,7 @@ from graphshard.sample.params import SamplingParams, SlotTables
 from graphshard.plan.layout import PlanBuffers
 from graphshard.sample.records import HostOutput, RecordLayout, SamplerOutput, unpack
 from graphshard.engine.rendezvous import Rendezvous
-from graphshard.engine.routes import Route, eager_key, eager_keys, keys_for, unmasked
+from graphshard.engine.routes import Route, eager_key, keys_for, unmasked
 from graphshard.sample.kernels import SamplerWorkspace, bitmask_words, sample
 from graphshard.engine.steps import StepParts
 from graphshard.engine.strategy import REPLICATE, SHARD, choose_strategies
@@ -45,9 +46,6 @@ logger = logging.getLogger(__name__)
 IntArray = Union[np.ndarray, Sequence[int], torch.Tensor]
 
 DTYPES = {name: getattr(torch, name) for name in LOGITS_DTYPES}
-
-# How much later than the others a rank may finish compiling the sampler at capture.
-COMPILE_SKEW_S = 600.0
 
 SAMPLER_CONTRACT = """A replacement sampler is a callable with the keyword signature of
 `graphshard.sample.kernels.sample`: `(logits, *, vocab_size, num_reqs, req_slots, cu_num_logits,
@@ -119,6 +117,8 @@ class Engine:
         self._warn_uncaptured = self.device.type == "cuda" and self.tp_rank == 0
         self._setup_faults()
         self.parts = self._step_parts()
+        if hasattr(self.backend, "register_static_buffers"):
+            self.backend.register_static_buffers(self.parts.static_buffers())
 
     # -- set-up --------------------------------------------------------------------------------
     def _allocate(self) -> None:
@@ -166,21 +166,6 @@ class Engine:
         self.local_records = torch.zeros(n + self._digest_rows, self.layout.width,
                                          dtype=torch.int32, device=dev)
         self.backend = make_backend(cfg.graph_backend, dev)
-        if hasattr(self.backend, "register_static_buffers"):
-            statics = {"meta": self.inputs.meta, "logits": self.inputs.logits,
-                       "drafts": self.inputs.draft_token_ids,
-                       "local_records": self.local_records, "records": self.records,
-                       "identity_rows": self.identity_rows, "workspace": self.workspace.buffer}
-            if self.inputs.grammar_bitmask is not None:
-                statics["bitmask"] = self.inputs.grammar_bitmask
-            statics.update({f"plan.{k}": v for k, v in self.plan_buffers.as_dict().items()})
-            statics.update({f"slots.{k}": v for k, v in vars(self.tables).items()
-                            if isinstance(v, torch.Tensor)})
-            if self.transport is not None:
-                statics["receive"] = self.transport.receive_buffer()
-            if self.inputs.staging.device == dev:  # on CUDA it is pinned host memory
-                statics["staging"] = self.inputs.staging
-            self.backend.register_static_buffers(statics)
 
     def _setup_faults(self) -> None:
         cfg, multi = self.config, self.tp_size > 1
@@ -200,7 +185,8 @@ class Engine:
     def _step_parts(self) -> StepParts:
         cfg = self.config
         return StepParts(inputs=self.inputs, plan=self.plan_buffers, tables=self.tables,
-                         layout=self.layout, sampler=self.sample, records=self.records,
+                         layout=self.layout, sampler=self.sample, workspace=self.workspace.buffer,
+                         records=self.records,
                          local_records=self.local_records, identity_rows=self.identity_rows,
                          transport=self.transport, host_records=self.host_records,
                          divergence=self.divergence, vocab_size=cfg.vocab_size,
@@ -278,70 +264,43 @@ class Engine:
         start = time.perf_counter()  # capture_s counts everything from here, the meeting too
         self.rendezvous.meet("capture")
         self.faults.drain(self.steps - 1)  # placeholder batches are about to be staged
-        auto = self.config.strategy == "auto" and self.tp_size > 1
-        keys = []
-        for b in self.config.buckets:
-            for strategy in ((SHARD, REPLICATE) if auto else (self._strategy[b],)):
-                keys += keys_for(b, strategy, self._tiers.get(b))
-        if self.bitmask_free_graphs:  # tp = 1: one replicate key a bucket
-            keys += [unmasked(key) for key in keys]
-        self._compile_samplers(keys + self._eager_keys(auto))
+        cfg = self.config
+        auto = cfg.strategy == "auto" and self.tp_size > 1
+        keys = graph_keys(cfg, self._strategy, self._tiers, auto, self.bitmask_free_graphs)
+        self._compile_samplers(keys + fallback_keys(cfg, self._strategy, self.tp_size, auto))
         self.graphs.capture(self._capture_fn, keys=keys)
         if auto:
             self._strategy, self.strategy_timings = choose_strategies(
-                self.graphs, self._timing_keys(), self._write_placeholder_batch, self.device,
-                self.group)
+                self.graphs, timing_keys(cfg, self.tp_size, self.transport),
+                self._write_placeholder_batch, self.device, self.group)
         self._routes = [self._route(n) for n in range(self.config.max_bucket + 1)]
         self._first_readable = self.steps
         self.captured = True
         self._capture_s = time.perf_counter() - start
 
     def _compile_samplers(self, keys: list[tuple]) -> None:
-        """Compile the sampler variants the steps of `keys` will launch, on threads: before the
-        graphs' warm-up runs would compile them one after another (a vocabulary-sized finish
-        variant takes a minute or more of a core; `graphshard.runtime.launch`), and before a
-        batch above the largest bucket would stall the decode loop to compile its own. Nothing
-        runs on the device. The engine's other kernels compile in seconds, at first launch."""
+        """Compile the sampler variants the steps of `keys` will launch (`compile_samplers`).
+        The engine's other kernels compile in seconds, at first launch."""
         if self._user_sampler is not None or self.device.type != "cuda":
             return
         start = time.perf_counter()
-        # The ranks of a host compile the same variants at once: they share its cores.
-        workers = max(1, compile_workers() // min(self.tp_size, torch.cuda.device_count()))
-        with torch.cuda.device(self.device):
-            self._compiled_variants = compile_launches(self.parts.sampler_launches(keys), workers)
+        self._compiled_variants = compile_samplers(self.parts.sampler_launches(keys), self.device,
+                                                   self.tp_size)
         self._compile_s = time.perf_counter() - start
         # The first warm-up's collectives would wait for a rank still compiling, on p2p in a
         # device-side wait bounded by timeout_s; the ranks meet on the host first, allowing for
         # compile times that differ between ranks.
         self.rendezvous.meet("capture", timeout_s=self.config.timeout_s + COMPILE_SKEW_S)
 
-    def _eager_keys(self, auto: bool) -> list[tuple]:
-        """The keys of the sampler calls that steps above the largest bucket can make (their
-        strategy is the largest bucket's, which "auto" picks after the compile: both)."""
-        cfg = self.config
-        if cfg.fallback != "eager":
-            return []
-        strategies = (SHARD, REPLICATE) if auto else (self._strategy[cfg.max_bucket],)
-        return eager_keys(cfg.max_bucket, cfg.max_num_reqs, strategies, self.tp_size)
-
     def _capture_fn(self, key: tuple):
         """The step of `key`, with a valid batch of exactly its bucket staged for warm-up and capture."""
         self._write_placeholder_batch(key[0])
         return self.parts.step_fn(key)
 
-    def _timing_keys(self) -> dict[int, tuple[tuple, tuple]]:
-        """Per bucket, the shard and the replicate graph that its placeholder batch (balanced
-        slots, one row each) replays."""
-        m = self.config.max_num_logits_per_req
-        return {b: ((b, SHARD, self.transport.pick_capacity(b * m, -(-b // self.tp_size))),
-                    (b, REPLICATE, 0)) for b in self.config.buckets}
-
     def _write_placeholder_batch(self, n: int) -> None:
-        """A valid batch for warm-up, capture and timing runs (balanced slots, one row each),
-        staged as the last issued step, so the device's done word stays where it is."""
-        idx = np.arange(n, dtype=np.int32)
-        self.inputs.stage_placeholder(self.steps - 1, idx, np.arange(n + 1, dtype=np.int32),
-                                      np.zeros(n, np.int32))
+        """`placeholder_batch(n)`, staged as the last issued step, so the device's done word
+        stays where it is."""
+        self.inputs.stage_placeholder(self.steps - 1, *placeholder_batch(n))
 
     def _route(self, n: int) -> Route:
         bucket = self.graphs.bucket_for(n)

@@ -46,6 +46,7 @@ class StepParts:
     tables: SlotTables
     layout: RecordLayout
     sampler: Callable[..., None]
+    workspace: torch.Tensor  # the built-in sampler's scratch, one for every graph
     records: torch.Tensor  # [max_num_reqs, width]: the step's records in batch order
     local_records: torch.Tensor  # [max_num_reqs + digest_rows, width]: a shard step's own
     identity_rows: torch.Tensor  # [max_num_reqs * M]: row i is its own bitmask row
@@ -57,6 +58,24 @@ class StepParts:
     tp_rank: int
     digest_rows: int  # rows the checked record gather appends the divergence digest in
     programmatic_launch: bool
+
+    def static_buffers(self) -> dict[str, torch.Tensor]:
+        """Every buffer a step reads or writes, by name: what a graph backend may let a captured
+        step touch (the emulated backend refuses anything else)."""
+        inp = self.inputs
+        statics = {"meta": inp.meta, "logits": inp.logits, "drafts": inp.draft_token_ids,
+                   "local_records": self.local_records, "records": self.records,
+                   "identity_rows": self.identity_rows, "workspace": self.workspace}
+        if inp.grammar_bitmask is not None:
+            statics["bitmask"] = inp.grammar_bitmask
+        statics.update({f"plan.{k}": v for k, v in self.plan.as_dict().items()})
+        statics.update({f"slots.{k}": v for k, v in vars(self.tables).items()
+                        if isinstance(v, torch.Tensor)})
+        if self.transport is not None:
+            statics["receive"] = self.transport.receive_buffer()
+        if inp.staging.device == inp.logits.device:  # on CUDA it is pinned host memory
+            statics["staging"] = inp.staging
+        return statics
 
     def step_fn(self, key: tuple) -> Callable[[], None]:
         """The whole step of `key`, as a graph captures it."""

@@ -12,7 +12,8 @@ import torch
 import graphshard.sample.kernels as kernels
 from graphshard.config import Config
 from graphshard.engine import Engine
-from graphshard.engine.routes import eager_keys
+from graphshard.engine.capture import fallback_keys, graph_keys
+from graphshard.engine.routes import eager_keys, unmasked
 from graphshard.harness.distributed import spawn
 from graphshard.sample.params import SamplingParams
 
@@ -119,5 +120,22 @@ def test_eager_keys_cover_every_size_and_capacity_above_the_largest_bucket():
     # Nine rows or more over two owners: the busiest takes at least 5.
     assert eager_keys(8, 12, ("shard",), 2) == [(12, "shard", c) for c in range(5, 13)]
     # With fallback "error" no step runs above the largest bucket.
-    assert Engine(CFG.replace(fallback="error"))._eager_keys(auto=True) == []
-    assert Engine(CFG)._eager_keys(auto=False) == eager_keys(8, 12, ("replicate",), 1)
+    shard = {b: "shard" for b in CFG.buckets}
+    assert fallback_keys(CFG.replace(fallback="error"), shard, 2, auto=True) == []
+    assert fallback_keys(CFG, shard, 2, auto=False) == eager_keys(8, 12, ("shard",), 2)
+    # "auto" chooses the largest bucket's strategy after the compile: both are compiled.
+    assert fallback_keys(CFG, shard, 2, auto=True) == eager_keys(8, 12, ("shard", "replicate"), 2)
+
+
+def test_graph_keys_cover_every_bucket_tier_and_strategy():
+    tiers = {1: (1,), 4: (2, 4), 8: (4, 8)}
+    shard = {b: "shard" for b in CFG.buckets}
+    assert graph_keys(CFG, shard, tiers, auto=False, bitmask_free=False) == [
+        (1, "shard", 1), (4, "shard", 2), (4, "shard", 4), (8, "shard", 4), (8, "shard", 8)]
+    both = graph_keys(CFG, shard, tiers, auto=True, bitmask_free=False)
+    assert both[:3] == [(1, "shard", 1), (1, "replicate", 0), (4, "shard", 2)]
+    assert len(both) == 8 and len(set(both)) == 8
+    replicate = {b: "replicate" for b in CFG.buckets}
+    keys = graph_keys(CFG, replicate, {}, auto=False, bitmask_free=True)
+    plain = [(b, "replicate", 0) for b in (1, 4, 8)]
+    assert keys == plain + [unmasked(k) for k in plain]
