@@ -1,7 +1,8 @@
 """The engine: what a decode loop holds, and what a step checks and runs around its graphs.
 
 - `engine`: `Engine` (static buffers, per-slot state, capture and `step()`); `steps`: the step
-  functions its graphs capture, one per key;
+  functions its graphs capture, one per key; `capture`: which graphs `capture()` captures and
+  the sampler variants it compiles ahead of them;
 - `validate`: host-side checks of the replicated step inputs; `inputs`: the static input buffers
   a step writes;
 - `routes`: which captured graph serves a batch; `strategy`: the `auto` strategy's timed choice;
