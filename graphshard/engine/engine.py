@@ -186,9 +186,9 @@ class Engine:
         cfg = self.config
         return StepParts(inputs=self.inputs, plan=self.plan_buffers, tables=self.tables,
                          layout=self.layout, sampler=self.sample, workspace=self.workspace.buffer,
-                         records=self.records,
-                         local_records=self.local_records, identity_rows=self.identity_rows,
-                         transport=self.transport, host_records=self.host_records,
+                         records=self.records, local_records=self.local_records,
+                         identity_rows=self.identity_rows, transport=self.transport,
+                         host_records=self.host_records,
                          divergence=self.divergence, vocab_size=cfg.vocab_size,
                          max_num_logits_per_req=cfg.max_num_logits_per_req, tp_rank=self.tp_rank,
                          digest_rows=self._digest_rows,
