@@ -168,8 +168,8 @@ def _publish_kernels(tmp: str) -> list[dict]:
     from graphshard.engine.readout import _publish_kernel
 
     args = {n: "*i64" for n in inspect.signature(_publish_kernel.fn).parameters}
-    args.update(records_ptr="*i32", num_reqs_ptr="*i32", arrivals_ptr="*i32")
-    return [dict(_compile(_publish_kernel, args, dict(WIDTH=46, SLOT=47104, BLOCK=1024,
+    args.update(records_ptr="*i32", tokens_ptr="*i32", num_reqs_ptr="*i32", arrivals_ptr="*i32")
+    return [dict(_compile(_publish_kernel, args, dict(WIDTH=46, TOKENS=1, SLOT=47104, BLOCK=1024,
                                                       SHARED=shared, PDL=False), 4, tmp),
                  shared=shared)
             for shared in (False, True)]

@@ -158,7 +158,7 @@ class Engine:
             self.records = torch.zeros(n, self.layout.width, dtype=torch.int32, device=dev)
         # tp = 1: the step's last kernel copies its records to the host (`read`).
         self.host_records = HostRecords(self.records, self.inputs.staged, self.inputs.num_reqs,
-                                        pdl=self.programmatic_launch) \
+                                        tokens_per_record=m, pdl=self.programmatic_launch) \
             if self.transport is None else None
         # Rows the checked record gather appends the divergence digest in (padded transports).
         self._digest_rows = self.transport.digest_rows \
@@ -306,8 +306,7 @@ class Engine:
         bucket = self.graphs.bucket_for(n)
         keys = keys_for(bucket, self._strategy[bucket], self._tiers.get(bucket))
         free = self.graphs.replayer(unmasked(keys[0])) if self.bitmask_free_graphs else None
-        return Route(keys, [self.graphs.replayer(key) for key in keys],
-                     unpack(self.records[:n], self.layout), free)
+        return Route(keys, [self.graphs.replayer(key) for key in keys], self._unpack(n), free)
 
     # -- the step ---------------------------------------------------------------------------------
     def step(self, idx_mapping: IntArray, cu_num_logits: IntArray, seq_lens: IntArray,
@@ -345,7 +344,8 @@ class Engine:
         [n, M] (-1 past num_sampled), `num_sampled`, `num_rejected`, `num_nans` (rows with a NaN in
         the real vocabulary; NaN samples as -inf, a row with no finite logit samples token 0),
         and with logprobs the top-K ids and logprobs and the sampled token's logprob and rank.
-        Every rank gets the same values. The next step overwrites them: read them first
+        Every rank gets the same values; at tp = 1 `sampled_token_ids` is a contiguous copy of
+        the records' token ids (its `.cpu()` is one copy). The next step overwrites them: read them first
         (`out.to_host()`: one copy, NumPy arrays) or enqueue their copy before issuing it.
 
         Every check runs before any device work or collective. Checks of the replicated inputs
@@ -538,7 +538,7 @@ class Engine:
         n = self._sizes[step & 1]
         if self.host_records is not None:
             return HostOutput(self.host_records.rows(step, n), self.layout)
-        return unpack(self.records[:n], self.layout).to_host()
+        return self._unpack(n).to_host()
 
     def _readable(self, step, last: int) -> int:
         """`step` (None: `last`) as an int if `read` may read it now, else raise ValueError."""
@@ -584,8 +584,14 @@ class Engine:
         """Views of the first n records of an eager step, built once per n."""
         out = self._views.get(n)
         if out is None:
-            out = self._views[n] = unpack(self.records[:n], self.layout)
+            out = self._views[n] = self._unpack(n)
         return out
+
+    def _unpack(self, n: int) -> SamplerOutput:
+        """Views of the first n records; at tp = 1 `sampled_token_ids` is the step's contiguous
+        copy of their token ids (`HostRecords.tokens`), so a loop's `.cpu()` of it is one copy."""
+        tokens = self.host_records.tokens[:n] if self.host_records is not None else None
+        return unpack(self.records[:n], self.layout, tokens)
 
     # -- reporting --------------------------------------------------------------------------------
     def stats(self) -> dict:

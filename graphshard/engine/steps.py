@@ -73,6 +73,8 @@ class StepParts:
                         if isinstance(v, torch.Tensor)})
         if self.transport is not None:
             statics["receive"] = self.transport.receive_buffer()
+        if self.host_records is not None and self.host_records.tokens is not None:
+            statics["tokens"] = self.host_records.tokens
         if inp.staging.device == inp.logits.device:  # on CUDA it is pinned host memory
             statics["staging"] = inp.staging
         return statics

@@ -166,9 +166,21 @@ class HostOutput:
         return f"HostOutput(n={self.records.shape[0]}, layout={self.layout})"
 
 
-def unpack(records: torch.Tensor, layout: RecordLayout) -> SamplerOutput:
-    """Split `records` [n, width] int32 into named views (float fields reinterpreted, not converted)."""
-    return SamplerOutput(**_split(records, layout, torch.int32, torch.float32))
+def unpack(records: torch.Tensor, layout: RecordLayout,
+           tokens: torch.Tensor | None = None) -> SamplerOutput:
+    """Split `records` [n, width] int32 into named views (float fields reinterpreted, not
+    converted). `tokens`, a contiguous [n, M] copy of the records' token ids that the step keeps
+    up to date, is returned as `sampled_token_ids` in place of the strided view (whose `.cpu()`
+    for n > 1 first gathers it on the device)."""
+    fields = _split(records, layout, torch.int32, torch.float32)
+    if tokens is not None:
+        if tokens.shape != fields["sampled_token_ids"].shape or tokens.dtype != torch.int32 \
+                or not tokens.is_contiguous() or tokens.device != records.device:
+            raise ValueError(f"tokens must be a contiguous int32 [n, M] tensor on "
+                             f"{records.device} of shape {tuple(fields['sampled_token_ids'].shape)}, "
+                             f"got {tokens.dtype} {tuple(tokens.shape)} on {tokens.device}")
+        fields["sampled_token_ids"] = tokens
+    return SamplerOutput(**fields)
 
 
 def unpack_host(records: np.ndarray, layout: RecordLayout) -> HostOutput:

@@ -93,23 +93,67 @@ def test_pull_refuses_a_bucket_above_the_staging():
             s.pull(bad)
 
 
-@pytest.mark.parametrize("grid_for", [1, 700])
-def test_publish_copies_each_steps_records_to_its_slot_then_signals_done(grid_for):
+@pytest.mark.parametrize("grid_for, tokens", [(1, 0), (700, 0), (1, 3), (700, 1)])
+def test_publish_copies_each_steps_records_to_its_slot_then_signals_done(grid_for, tokens):
     """The step's last kernel at tp = 1 (`HostRecords.publish`): the first n records into the
     host slot of the step's parity, then the done word, also when several programs share the
-    copy (700 requests x 16 words: 3 programs) and the last of them signals."""
+    copy (700 requests x 16 words: 3 programs) and the last of them signals; and the first
+    `tokens` words of each of them into the contiguous device block, nothing past n."""
     s = Staging(max_num_reqs=700, device=CPU)
     records = torch.arange(700 * 16, dtype=torch.int32).view(700, 16)
-    host = HostRecords(records, s, s.views()[0])
+    host = HostRecords(records, s, s.views()[0], tokens_per_record=tokens)
+    assert (host.tokens is None) == (tokens == 0)
     for step, n in enumerate((699, 3, 650)):
         s.write(step, *_batch(list(range(n))), False)
         s.fetch()
         records.add_(1)
+        before = None if host.tokens is None else host.tokens.clone()
         host.publish(grid_for)
         assert s.finished() == step
         assert np.array_equal(host.rows(step, n), records[:n].numpy())
         assert not host.slots[step & 1, n:].any() or step > 1  # nothing past n in a fresh slot
+        if tokens:
+            assert host.tokens.is_contiguous() and host.tokens.shape == (700, tokens)
+            assert torch.equal(host.tokens[:n], records[:n, :tokens])
+            assert torch.equal(host.tokens[n:], before[n:])
     assert np.array_equal(host.rows(1, 3), (records[:3] - 1).numpy())  # step 1 kept its own
+
+
+def test_publish_refuses_a_token_count_past_the_record():
+    s = Staging(max_num_reqs=4, device=CPU)
+    for bad in (-1, 17, 1.0, True):
+        with pytest.raises(ValueError, match="tokens_per_record"):
+            HostRecords(torch.zeros(4, 16, dtype=torch.int32), s, s.views()[0],
+                        tokens_per_record=bad)
+
+
+@pytest.mark.parametrize("m", [1, 3])
+def test_a_steps_sampled_tokens_are_one_contiguous_block(m):
+    """At tp = 1 `sampled_token_ids` is the step's own contiguous copy of its records' token ids
+    (a loop's `.cpu()` of it is then one copy), equal to the records' tokens, for graph steps
+    and steps above the largest bucket alike, before and after capture."""
+    cfg = Config(vocab_size=200, vocab_pad_multiple=8, max_num_reqs=10, max_num_slots=12,
+                 max_num_logits_per_req=m, buckets=(2, 4), graph_backend="emulated")
+    engine = Engine(cfg)
+    for slot in range(12):
+        engine.add_request(slot, SamplingParams(temperature=0.0))
+    g = torch.Generator().manual_seed(m)
+    rng = np.random.default_rng(m)
+    for i, n in enumerate([3, 1, 2, 4, 7, 2, 10, 1]):
+        if i == 2:
+            engine.capture()
+        rows = rng.integers(1, m + 1, n)
+        cu = np.concatenate([[0], np.cumsum(rows)]).astype(np.int32)
+        logits = torch.randn(int(cu[-1]), engine.vocab_shard, generator=g)
+        idx = rng.choice(12, n, replace=False).astype(np.int32)
+        out = engine.step(idx, cu, np.zeros(n, np.int32), logits)
+        tokens = out.sampled_token_ids
+        assert tokens.is_contiguous() and tokens.shape == (n, m)
+        assert torch.equal(tokens, out.records[:, :m])
+        host = engine.read()
+        assert np.array_equal(host.sampled_token_ids, tokens.numpy())
+        if m == 1:  # greedy: the argmax
+            assert tokens[:, 0].tolist() == logits[:, :200].argmax(1).tolist()
 
 
 def test_warm_up_runs_refetch_the_placeholder_and_keep_the_done_word():

@@ -123,10 +123,11 @@ def test_read_gives_every_step_its_own_records_at_once_or_one_step_late(gpu_repo
 @pytest.mark.parametrize("grid_for", [1, 1024])
 def test_publish_copies_every_record_to_the_host_before_the_done_word(grid_for):
     """`HostRecords.publish` on the GPU, one program or twelve (1024 records of 46 words): the
-    host polls the done word without a stream wait and then finds all of the step's records."""
+    host polls the done word without a stream wait and then finds all of the step's records;
+    the device block holds the first two words of each of them, nothing past n."""
     staging = Staging(max_num_reqs=1024, device=torch.device("cuda"))
     records = torch.zeros(1024, 46, dtype=torch.int32, device="cuda")
-    host = HostRecords(records, staging, staging.views()[0])
+    host = HostRecords(records, staging, staging.views()[0], tokens_per_record=2)
     idx = np.arange(1024, dtype=np.int32)
     for step in range(40):
         n = 1024 - 7 * step
@@ -138,3 +139,5 @@ def test_publish_copies_every_record_to_the_host_before_the_done_word(grid_for):
             pass
         rows = host.rows(step, n)
         assert (rows == step + 1).all(), (step, np.unique(rows))
+        torch.cuda.synchronize()  # the device block is read in stream order, not by the done word
+        assert (host.tokens[:n] == step + 1).all() and (host.tokens[n:] <= step).all(), step
