@@ -159,7 +159,10 @@ def test_zero_copy_logits_and_step_outputs_are_views():
     static.copy_(torch.randn(4, engine.vocab_shard))
     out = engine.step(np.arange(4), np.arange(5), np.zeros(4, np.int32), static)
     assert out.sampled_token_ids[:, 0].tolist() == static[:, : cfg.vocab_size].argmax(1).tolist()
-    assert out.sampled_token_ids.data_ptr() == engine.records.data_ptr()
+    # Views of static buffers: the records, and at tp = 1 the step's contiguous token block.
+    assert out.records.data_ptr() == engine.records.data_ptr()
+    assert out.num_sampled.data_ptr() == engine.records.data_ptr() + 4  # word M = 1 of a record
+    assert out.sampled_token_ids.data_ptr() == engine.host_records.tokens.data_ptr()
 
 
 def test_logits_none_steps_the_logits_already_in_place():
