@@ -47,3 +47,16 @@ def test_unpack_host_refuses_records_of_another_layout():
         unpack_host(records.astype(np.int64), layout)
     with pytest.raises(ValueError, match="int32"):
         unpack_host(records[0], layout)
+
+
+def test_unpack_returns_a_token_block_in_place_of_the_strided_view():
+    layout = RecordLayout(2, 3)
+    records = torch.arange(5 * layout.width, dtype=torch.int32).view(5, layout.width)
+    tokens = records[:, :2].contiguous()
+    out = unpack(records, layout, tokens)
+    assert out.sampled_token_ids is tokens and out.num_sampled.data_ptr() != tokens.data_ptr()
+    assert not unpack(records, layout).sampled_token_ids.is_contiguous()
+    for bad in (records[:4, :2].contiguous(), records[:, :3].contiguous(), records[:, :2],
+                tokens.to(torch.int64)):
+        with pytest.raises(ValueError, match="tokens must be"):
+            unpack(records, layout, bad)
