@@ -16,8 +16,8 @@ step k done sees all of its records.
 The same kernel also stores each record's token ids into a contiguous device block (`tokens`,
 [max_num_reqs, M]), which the engine returns as `sampled_token_ids`. A view of the records
 themselves ([n, M] at a stride of the record width) is not contiguous for n > 1, and a loop's
-`out.sampled_token_ids.cpu()` then launches a kernel to gather it before the copy: ~10 µs more
-a step on an H100 than at n = 1 (BENCHMARKS.md, "The sampled tokens in a contiguous block").
+`out.sampled_token_ids.cpu()` then launches a kernel to gather it before the copy: up to ~10 µs
+more a step on an H100 (BENCHMARKS.md, "`sampled_token_ids` in a contiguous block at tp = 1").
 """
 
 from __future__ import annotations
