@@ -26,8 +26,8 @@ COMPILE_SKEW_S = 600.0
 def graph_keys(config: Config, strategy: dict[int, str], tiers: dict[int, tuple[int, ...]],
                auto: bool, bitmask_free: bool) -> list[tuple]:
     """The keys of every graph to capture, in the order of `config.buckets` (the graph manager
-    captures the largest first). `strategy` is each bucket's strategy, ignored under `auto` (both are captured and timed);
-    `tiers` each bucket's capacity tiers (shard only)."""
+    captures the largest first). `strategy` is each bucket's strategy, ignored under `auto`
+    (both are captured and timed); `tiers` each bucket's capacity tiers (shard only)."""
     keys = []
     for b in config.buckets:
         for s in ((SHARD, REPLICATE) if auto else (strategy[b],)):

@@ -345,8 +345,9 @@ class Engine:
         the real vocabulary; NaN samples as -inf, a row with no finite logit samples token 0),
         and with logprobs the top-K ids and logprobs and the sampled token's logprob and rank.
         Every rank gets the same values; at tp = 1 `sampled_token_ids` is a contiguous copy of
-        the records' token ids (its `.cpu()` is one copy). The next step overwrites them: read them first
-        (`out.to_host()`: one copy, NumPy arrays) or enqueue their copy before issuing it.
+        the records' token ids (its `.cpu()` is one copy). The next step overwrites them: read
+        them first (`out.to_host()`: one copy, NumPy arrays) or enqueue their copy before issuing
+        it.
 
         Every check runs before any device work or collective. Checks of the replicated inputs
         raise identically on every rank and change nothing (`InvalidBatchError` and its

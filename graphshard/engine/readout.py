@@ -108,7 +108,6 @@ class HostRecords:
         self._width = records.shape[1]
         self._slot_words = records.numel()
         self._arrivals = torch.zeros(1, dtype=torch.int32, device=device)
-        self._tokens = tokens_per_record
         self.tokens = torch.full((records.shape[0], tokens_per_record), -1, dtype=torch.int32,
                                  device=device) if tokens_per_record else None
 
@@ -119,7 +118,8 @@ class HostRecords:
         grid = (max(1, triton.cdiv(words, _WORDS_PER_PROGRAM)),)
         tokens = self.tokens if self.tokens is not None else self.records  # unused without
         launch(_publish_kernel, grid, self.records, tokens, self.num_reqs, self._address,
-               *self.staged.done_args(), self._arrivals, WIDTH=self._width, TOKENS=self._tokens,
+               *self.staged.done_args(), self._arrivals, WIDTH=self._width,
+               TOKENS=0 if self.tokens is None else self.tokens.shape[1],
                SLOT=self._slot_words, BLOCK=_BLOCK, SHARED=grid[0] > 1, **self._dependent)
 
     def rows(self, step: int, n: int) -> np.ndarray:

@@ -174,10 +174,11 @@ def unpack(records: torch.Tensor, layout: RecordLayout,
     for n > 1 first gathers it on the device)."""
     fields = _split(records, layout, torch.int32, torch.float32)
     if tokens is not None:
-        if tokens.shape != fields["sampled_token_ids"].shape or tokens.dtype != torch.int32 \
+        shape = fields["sampled_token_ids"].shape
+        if tokens.shape != shape or tokens.dtype != torch.int32 \
                 or not tokens.is_contiguous() or tokens.device != records.device:
             raise ValueError(f"tokens must be a contiguous int32 [n, M] tensor on "
-                             f"{records.device} of shape {tuple(fields['sampled_token_ids'].shape)}, "
+                             f"{records.device} of shape {tuple(shape)}, "
                              f"got {tokens.dtype} {tuple(tokens.shape)} on {tokens.device}")
         fields["sampled_token_ids"] = tokens
     return SamplerOutput(**fields)

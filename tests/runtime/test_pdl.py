@@ -124,7 +124,7 @@ _CHILD = textwrap.dedent("""
             compiled = item.kernel.warmup(*item.args, grid=item.grid, **item.kwargs)
             out[f"{name}:{pdl}"] = (compiled.metadata.launch_pdl, compiled.asm["ptx"])
         args = [torch.zeros(4, dtype=torch.int64) for _ in range(7)] + [torch.zeros(1, **i32)]
-        args[0], args[1], args[2] = torch.zeros(8, **i32), torch.zeros(2, **i32), torch.ones(1, **i32)
+        args[:3] = torch.zeros(8, **i32), torch.zeros(2, **i32), torch.ones(1, **i32)
         compiled = _publish_kernel.warmup(*args, WIDTH=4, TOKENS=1, SLOT=8, BLOCK=1024,
                                           SHARED=False, grid=(1,), **pdl_options(pdl))
         out[f"_publish_kernel:{pdl}"] = (compiled.metadata.launch_pdl, compiled.asm["ptx"])
