@@ -1,0 +1,192 @@
+"""Where a step of the mixed GPU workload spends its time, at tp = 1 on one GPU.
+
+Usage: python3 -m benchmarks.mixed_steps [--steps 300] [--seed 11] [--profile-steps 100]
+       [--out mixed.json]
+
+The workload and config are those of `tests/gpu/test_engine_gpu.py::test_mixed_workload_equals_oracle`
+(V = 32000 bf16, up to 96 requests of up to 3 rows, buckets up to 64, mixed sampling parameters,
+drafts, grammar bitmasks, logprobs, NaN rows), timed as the test and the demo time a step: the
+device idle before it, then `step()` and `read()`. No oracle checks (the test makes them).
+
+Per step it records the batch (requests, rows, bitmask, graph or eager), the host's issue time,
+the whole step, and the rows that left the sampler's candidate path (`SamplerWorkspace.paths`,
+read after the step is timed). It prints the step p50 by kind of step and by slow path, then, for
+`--profile-steps` more steps under torch.profiler, each kernel's device µs per step (CUPTI).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from collections import defaultdict
+
+import numpy as np
+import torch
+from torch.profiler import ProfilerActivity, profile
+
+from graphshard.config import Config
+from graphshard.engine import Engine
+from graphshard.harness.workload import Workload
+
+MIXED = Config(vocab_size=32000, max_num_reqs=96, max_num_logits_per_req=3, max_num_slots=192,
+               logits_dtype="bfloat16", graph_backend="cuda", num_logprobs=3,
+               buckets=(1, 2, 4, 8, 16, 24, 32, 48, 64))
+
+
+def _inputs(workload: Workload, engine: Engine):
+    """The next batch, its churn applied to the engine, and its device tensors."""
+    batch = workload.next_batch()
+    for slot in batch.removed:
+        engine.remove_request(slot)
+    for slot, params in batch.added:
+        engine.add_request(slot, params)
+    logits = workload.logits(batch, engine.vocab, engine.dtype, engine.device)
+    dev = engine.device
+    drafts = (torch.from_numpy(batch.draft_token_ids).to(dev)
+              if batch.draft_token_ids is not None else None)
+    bitmask = (torch.from_numpy(batch.grammar_bitmask).to(dev)
+               if batch.grammar_bitmask is not None else None)
+    return batch, logits, drafts, bitmask
+
+
+# The host parts of `Engine.step` timed with `--parts` (owner, method): what a step's issue time is
+# made of. Wrapping adds ~0.1 µs a call.
+PARTS = (("engine", "_check_step"), ("engine", "_check_step_exactly"), ("checker", "accepts"),
+         ("inputs", "tensors_fit"), ("engine", "_admit"), ("inputs", "stage"),
+         ("inputs", "write_tensors"), ("engine", "_run"), ("engine", "_run_eager"),
+         ("parts", "step_fn"), ("engine", "_settle"))
+
+
+def wrap_parts(engine: Engine) -> dict[str, float]:
+    """Time each part of PARTS into the returned dict (µs, summed since the caller cleared it)."""
+    spent: dict[str, float] = defaultdict(float)
+    owners = {"engine": engine, "checker": engine.checker, "inputs": engine.inputs,
+              "parts": engine.parts}
+
+    def timed(name, fn):
+        def wrapper(*args, **kwargs):
+            t = time.perf_counter()
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                spent[name] += (time.perf_counter() - t) * 1e6
+        return wrapper
+
+    for owner, method in PARTS:
+        obj = owners[owner]
+        # object.__setattr__: the step parts are a frozen dataclass.
+        object.__setattr__(obj, method, timed(f"{owner}.{method}", getattr(obj, method)))
+    return spent
+
+
+def _step(engine: Engine, batch, logits, drafts, bitmask) -> tuple[float, float]:
+    """(issue µs, step µs) of one step started with the device idle."""
+    torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    engine.step(batch.idx_mapping, batch.cu_num_logits, batch.seq_lens, logits,
+                draft_token_ids=drafts, grammar_bitmask=bitmask)
+    t1 = time.perf_counter()
+    engine.read()
+    t2 = time.perf_counter()
+    return (t1 - t0) * 1e6, (t2 - t0) * 1e6
+
+
+def run(steps: int, seed: int, profile_steps: int, parts: bool = False) -> dict:
+    engine = Engine(MIXED)
+    t = time.perf_counter()
+    engine.capture()
+    capture_s = time.perf_counter() - t
+    spent = wrap_parts(engine) if parts else {}
+    workload = Workload(MIXED, seed)
+    rows = []
+    for i in range(steps):
+        batch, logits, drafts, bitmask = _inputs(workload, engine)
+        before = engine.workspace.paths()
+        spent.clear()
+        issue_us, step_us = _step(engine, batch, logits, drafts, bitmask)
+        host_parts = dict(spent)
+        after = engine.workspace.paths()
+        rows.append(dict(step=i, n=batch.num_reqs, rows=batch.num_logits,
+                         bitmask=bitmask is not None, eager=batch.num_reqs > MIXED.max_bucket,
+                         issue_us=issue_us, step_us=step_us, parts=host_parts,
+                         paths={k: after[k] - before[k] for k in after if after[k] != before[k]}))
+    device = torch.cuda.get_device_name()
+    print(summary(dict(device=device, capture_s=capture_s, steps=rows, kernels_us_per_step={})),
+          flush=True)
+    kernels: dict[str, float] = defaultdict(float)
+    if profile_steps:
+        # The batches' churn must reach the engine step by step, so their logits are made
+        # inside the profile too (their kernels are named apart from the step's).
+        torch.cuda.synchronize()
+        with profile(activities=[ProfilerActivity.CUDA]) as prof:
+            for _ in range(profile_steps):
+                _step(engine, *_inputs(workload, engine))
+            torch.cuda.synchronize()
+        for e in prof.events():
+            if e.device_type == torch.autograd.DeviceType.CUDA:
+                kernels[e.name] += e.device_time / profile_steps
+    engine.close()
+    return dict(device=device, capture_s=capture_s, steps=rows,
+                kernels_us_per_step=dict(sorted(kernels.items(), key=lambda kv: -kv[1])))
+
+
+def _p50(values) -> str:
+    return f"{np.median(values):7.0f}" if values else "      -"
+
+
+def summary(result: dict) -> str:
+    rows = result["steps"][len(result["steps"]) // 10:]  # past the first steps' warm-up
+    groups = {
+        "all": rows,
+        "graph": [r for r in rows if not r["eager"]],
+        "eager": [r for r in rows if r["eager"]],
+        "graph, no slow path": [r for r in rows if not r["eager"] and not r["paths"]],
+        "graph, a slow path": [r for r in rows if not r["eager"] and r["paths"]],
+        "graph, bitmask": [r for r in rows if not r["eager"] and r["bitmask"]],
+        "graph, no bitmask": [r for r in rows if not r["eager"] and not r["bitmask"]],
+    }
+    for name in ("counted", "deep", "deep_split", "draw_fallback", "logprobs_fallback"):
+        groups[f"graph, {name}"] = [r for r in rows if not r["eager"] and name in r["paths"]]
+    lines = [f"{result['device']}; capture {result['capture_s']:.1f} s; {len(rows)} steps timed",
+             f"{'steps':24} {'count':>5} {'issue p50':>9} {'step p50':>8} {'step p90':>8}"]
+    for name, g in groups.items():
+        p90 = f"{np.percentile([r['step_us'] for r in g], 90):8.0f}" if g else "       -"
+        lines.append(f"{name:24} {len(g):5d} {_p50([r['issue_us'] for r in g]):>9} "
+                     f"{_p50([r['step_us'] for r in g]):>8} {p90}")
+    names = sorted({name for r in rows for name in r.get("parts", {})})
+    if names:
+        lines.append("host µs per step of each part of step() (p50 over the steps that called it):")
+        for name in names:
+            line = f"  {name:28}"
+            for kind, g in (("graph", groups["graph"]), ("eager", groups["eager"])):
+                v = [r["parts"][name] for r in g if name in r["parts"]]
+                line += f"  {kind} {len(v):4d} x {np.median(v) if v else 0.0:7.1f}"
+            lines.append(line)
+    lines.append("kernel device µs per step (profiled steps):")
+    for name, us in list(result["kernels_us_per_step"].items())[:25]:
+        lines.append(f"  {us:9.1f}  {name[:100]}")
+    return "\n".join(lines)
+
+
+def main(argv=None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--steps", type=int, default=300)
+    ap.add_argument("--seed", type=int, default=11)
+    ap.add_argument("--profile-steps", type=int, default=100)
+    ap.add_argument("--parts", action="store_true",
+                    help="time the host parts of step() (PARTS) in every timed step")
+    ap.add_argument("--out", default=None)
+    args = ap.parse_args(argv)
+    if not torch.cuda.is_available():
+        raise SystemExit("mixed_steps needs a CUDA GPU")
+    result = run(args.steps, args.seed, args.profile_steps, args.parts)
+    text = summary(result)
+    print(text[text.index("kernel device"):])
+    if args.out:
+        with open(args.out, "w") as f:
+            json.dump(result, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()
