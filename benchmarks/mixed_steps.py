@@ -1,12 +1,13 @@
 """Where a step of the mixed GPU workload spends its time, at tp = 1 on one GPU.
 
 Usage: python3 -m benchmarks.mixed_steps [--steps 300] [--seed 11] [--profile-steps 100]
-       [--out mixed.json]
+       [--parts] [--verify] [--out mixed.json]
 
 The workload and config are those of `tests/gpu/test_engine_gpu.py::test_mixed_workload_equals_oracle`
 (V = 32000 bf16, up to 96 requests of up to 3 rows, buckets up to 64, mixed sampling parameters,
 drafts, grammar bitmasks, logprobs, NaN rows), timed as the test and the demo time a step: the
-device idle before it, then `step()` and `read()`. No oracle checks (the test makes them).
+device idle before it, then `step()` and `read()`. With `--verify` every timed step is then
+checked against the unsharded oracle, as the test checks it.
 
 Per step it records the batch (requests, rows, bitmask, graph or eager), the host's issue time,
 the whole step, and the rows that left the sampler's candidate path (`SamplerWorkspace.paths`,
@@ -27,20 +28,29 @@ from torch.profiler import ProfilerActivity, profile
 
 from graphshard.config import Config
 from graphshard.engine import Engine
+from graphshard.harness.oracle import compare, sample_unsharded
 from graphshard.harness.workload import Workload
+from graphshard.sample.params import SlotTables
+from graphshard.sample.records import HostOutput, unpack
+from graphshard.sample.workspace import STAT_NAMES
+
+STAT_PATHS = tuple(STAT_NAMES)  # the slow paths `SamplerWorkspace.paths` counts
 
 MIXED = Config(vocab_size=32000, max_num_reqs=96, max_num_logits_per_req=3, max_num_slots=192,
                logits_dtype="bfloat16", graph_backend="cuda", num_logprobs=3,
                buckets=(1, 2, 4, 8, 16, 24, 32, 48, 64))
 
 
-def _inputs(workload: Workload, engine: Engine):
-    """The next batch, its churn applied to the engine, and its device tensors."""
+def _inputs(workload: Workload, engine: Engine, tables: SlotTables | None = None):
+    """The next batch, its churn applied to the engine (and to the oracle's `tables`), and its
+    device tensors."""
     batch = workload.next_batch()
     for slot in batch.removed:
         engine.remove_request(slot)
     for slot, params in batch.added:
         engine.add_request(slot, params)
+        if tables is not None:
+            tables.set(slot, params)
     logits = workload.logits(batch, engine.vocab, engine.dtype, engine.device)
     dev = engine.device
     drafts = (torch.from_numpy(batch.draft_token_ids).to(dev)
@@ -80,54 +90,81 @@ def wrap_parts(engine: Engine) -> dict[str, float]:
     return spent
 
 
-def _step(engine: Engine, batch, logits, drafts, bitmask) -> tuple[float, float]:
-    """(issue µs, step µs) of one step started with the device idle."""
-    torch.cuda.synchronize()
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def _step(engine: Engine, batch, logits, drafts, bitmask) -> tuple[float, float, HostOutput]:
+    """(issue µs, step µs, the step's results) of one step started with the device idle."""
+    _sync(engine.device)
     t0 = time.perf_counter()
     engine.step(batch.idx_mapping, batch.cu_num_logits, batch.seq_lens, logits,
                 draft_token_ids=drafts, grammar_bitmask=bitmask)
     t1 = time.perf_counter()
-    engine.read()
+    host = engine.read()
     t2 = time.perf_counter()
-    return (t1 - t0) * 1e6, (t2 - t0) * 1e6
+    return (t1 - t0) * 1e6, (t2 - t0) * 1e6, host
 
 
-def run(steps: int, seed: int, profile_steps: int, parts: bool = False) -> dict:
-    engine = Engine(MIXED)
+def _verify(engine: Engine, tables: SlotTables, batch, logits, drafts, bitmask,
+            host: HostOutput, step: int) -> None:
+    """The step's results must equal the unsharded oracle's (as the GPU test checks them)."""
+    want = sample_unsharded(logits, idx_mapping=batch.idx_mapping,
+                            cu_num_logits=batch.cu_num_logits, seq_lens=batch.seq_lens,
+                            tables=tables, layout=engine.layout,
+                            vocab_size=engine.config.vocab_size, draft_token_ids=drafts,
+                            grammar_bitmask=bitmask,
+                            bitmask_support=engine.config.grammar_bitmask,
+                            pdl=engine.programmatic_launch)
+    why = compare(unpack(torch.from_numpy(host.records), engine.layout), want)
+    if why is not None:
+        raise AssertionError(f"step {step} (n={batch.num_reqs}): {why}")
+
+
+def run(steps: int, seed: int, profile_steps: int = 0, parts: bool = False,
+        verify: bool = False, cfg: Config = MIXED) -> dict:
+    """Time `steps` steps of `cfg`'s mixed workload (then profile `profile_steps` more on a
+    GPU); `parts` and `verify` as the command's options. Other configs than MIXED are for tests."""
+    engine = Engine(cfg)
     t = time.perf_counter()
     engine.capture()
     capture_s = time.perf_counter() - t
     spent = wrap_parts(engine) if parts else {}
-    workload = Workload(MIXED, seed)
+    workload = Workload(cfg, seed)
+    tables = SlotTables(cfg.max_num_slots, engine.device) if verify else None
     rows = []
     for i in range(steps):
-        batch, logits, drafts, bitmask = _inputs(workload, engine)
+        batch, logits, drafts, bitmask = _inputs(workload, engine, tables)
         before = engine.workspace.paths()
         spent.clear()
-        issue_us, step_us = _step(engine, batch, logits, drafts, bitmask)
+        issue_us, step_us, host = _step(engine, batch, logits, drafts, bitmask)
         host_parts = dict(spent)
         after = engine.workspace.paths()
+        if verify:
+            _verify(engine, tables, batch, logits, drafts, bitmask, host, i)
         rows.append(dict(step=i, n=batch.num_reqs, rows=batch.num_logits,
-                         bitmask=bitmask is not None, eager=batch.num_reqs > MIXED.max_bucket,
+                         bitmask=bitmask is not None, eager=batch.num_reqs > cfg.max_bucket,
                          issue_us=issue_us, step_us=step_us, parts=host_parts,
                          paths={k: after[k] - before[k] for k in after if after[k] != before[k]}))
-    device = torch.cuda.get_device_name()
+    device = (torch.cuda.get_device_name(engine.device) if engine.device.type == "cuda"
+              else "cpu")
     print(summary(dict(device=device, capture_s=capture_s, steps=rows, kernels_us_per_step={})),
           flush=True)
     kernels: dict[str, float] = defaultdict(float)
-    if profile_steps:
+    if profile_steps and engine.device.type == "cuda":
         # The batches' churn must reach the engine step by step, so their logits are made
         # inside the profile too (their kernels are named apart from the step's).
-        torch.cuda.synchronize()
+        _sync(engine.device)
         with profile(activities=[ProfilerActivity.CUDA]) as prof:
             for _ in range(profile_steps):
                 _step(engine, *_inputs(workload, engine))
-            torch.cuda.synchronize()
+            _sync(engine.device)
         for e in prof.events():
             if e.device_type == torch.autograd.DeviceType.CUDA:
                 kernels[e.name] += e.device_time / profile_steps
     engine.close()
-    return dict(device=device, capture_s=capture_s, steps=rows,
+    return dict(device=device, capture_s=capture_s, verified=steps if verify else 0, steps=rows,
                 kernels_us_per_step=dict(sorted(kernels.items(), key=lambda kv: -kv[1])))
 
 
@@ -135,8 +172,13 @@ def _p50(values) -> str:
     return f"{np.median(values):7.0f}" if values else "      -"
 
 
+def warm_up(steps: list) -> int:
+    """The first steps the summary leaves out (their first replays)."""
+    return len(steps) // 10
+
+
 def summary(result: dict) -> str:
-    rows = result["steps"][len(result["steps"]) // 10:]  # past the first steps' warm-up
+    rows = result["steps"][warm_up(result["steps"]):]
     groups = {
         "all": rows,
         "graph": [r for r in rows if not r["eager"]],
@@ -146,9 +188,10 @@ def summary(result: dict) -> str:
         "graph, bitmask": [r for r in rows if not r["eager"] and r["bitmask"]],
         "graph, no bitmask": [r for r in rows if not r["eager"] and not r["bitmask"]],
     }
-    for name in ("counted", "deep", "deep_split", "draw_fallback", "logprobs_fallback"):
+    for name in STAT_PATHS:
         groups[f"graph, {name}"] = [r for r in rows if not r["eager"] and name in r["paths"]]
-    lines = [f"{result['device']}; capture {result['capture_s']:.1f} s; {len(rows)} steps timed",
+    lines = [f"{result['device']}; capture {result['capture_s']:.1f} s; {len(rows)} steps timed; "
+             f"{result.get('verified', 0)} steps equal to the oracle",
              f"{'steps':24} {'count':>5} {'issue p50':>9} {'step p50':>8} {'step p90':>8}"]
     for name, g in groups.items():
         p90 = f"{np.percentile([r['step_us'] for r in g], 90):8.0f}" if g else "       -"
@@ -176,11 +219,13 @@ def main(argv=None) -> None:
     ap.add_argument("--profile-steps", type=int, default=100)
     ap.add_argument("--parts", action="store_true",
                     help="time the host parts of step() (PARTS) in every timed step")
+    ap.add_argument("--verify", action="store_true",
+                    help="check every timed step against the unsharded oracle (after its timing)")
     ap.add_argument("--out", default=None)
     args = ap.parse_args(argv)
     if not torch.cuda.is_available():
         raise SystemExit("mixed_steps needs a CUDA GPU")
-    result = run(args.steps, args.seed, args.profile_steps, args.parts)
+    result = run(args.steps, args.seed, args.profile_steps, args.parts, args.verify)
     text = summary(result)
     print(text[text.index("kernel device"):])
     if args.out:

@@ -1,0 +1,26 @@
+"""`benchmarks.mixed_steps` on a small config (interpreter, emulated graphs): graph and eager
+steps are timed, their host parts recorded and every step checked against the oracle; the
+summary groups them."""
+
+from benchmarks import mixed_steps
+
+SMALL = mixed_steps.MIXED.replace(vocab_size=300, max_num_reqs=6, max_num_slots=12,
+                                  buckets=(1, 2, 4), graph_backend="emulated")
+
+
+def test_steps_are_timed_split_into_parts_and_verified():
+    result = mixed_steps.run(12, seed=3, parts=True, verify=True, cfg=SMALL)
+    steps = result["steps"]
+    assert result["verified"] == 12 and len(steps) == 12
+    assert {s["eager"] for s in steps} == {True, False}  # the workload crosses the largest bucket
+    for s in steps:
+        assert 0 < s["issue_us"] <= s["step_us"]
+        run = "engine._run_eager" if s["eager"] else "engine._run"
+        assert s["parts"][run] > 0 and s["parts"]["engine._check_step"] > 0
+        assert set(s["paths"]) <= set(mixed_steps.STAT_PATHS)
+    text = mixed_steps.summary(result)
+    assert "12 steps equal to the oracle" in text
+    assert "host µs per step of each part of step()" in text
+    graph = next(line for line in text.splitlines() if line.startswith("graph "))
+    timed = steps[mixed_steps.warm_up(steps):]
+    assert int(graph.split()[1]) == sum(not s["eager"] for s in timed)
