@@ -315,6 +315,40 @@ def test_both_slot_tests_agree_with_the_exact_checks(data, n, flaw):
     assert checker.accepts(*batch) == valid
 
 
+@settings(deadline=None, max_examples=80)
+@given(data=st.data(), n=st.sampled_from([1, 2, 127, 128, 129, 200]), flaw=st.sampled_from(
+    ["none", "empty_row", "too_many_rows", "first_not_zero", "negative", "wraps"]))
+def test_both_row_count_tests_agree_with_the_exact_checks(data, n, flaw):
+    """cu_num_logits on both sides of the loop test's bound (NumPy's above it)."""
+    m = 3
+    limits = BatchLimits(200, m, 256)
+    counts = data.draw(st.lists(st.integers(1, m), min_size=n, max_size=n))
+    cu = np.concatenate([[0], np.cumsum(counts)]).astype(np.int64)
+    at = data.draw(st.integers(1, n))
+    if flaw == "empty_row":
+        cu[at] = cu[at - 1]
+    elif flaw == "too_many_rows":
+        cu[at:] += m
+    elif flaw == "first_not_zero":
+        cu[0] = data.draw(st.sampled_from([1, -1, 2**31 - 1]))
+    elif flaw == "negative":
+        cu[at] = -1
+    elif flaw == "wraps":  # int32 differences that wrap: 2**31 - 1 rows, then 1 (as int32)
+        cu[max(at - 1, 1)] = 2**31 - 1
+        cu[max(at - 1, 1) + 1:] = -2**31 + np.arange(n - max(at - 1, 1))
+    cu = cu.astype(np.int32)
+    checker = _checker(range(n), limits)
+    batch = (np.arange(n, dtype=np.int32), cu, np.zeros(n, np.int32))
+    try:
+        checker.check_exactly(*batch)
+        valid = True
+    except InvalidBatchError:
+        valid = False
+    assert valid == (flaw == "none")
+    for _ in range(2):  # the second call may answer from the cache of the first
+        assert checker.accepts(*batch) == valid
+
+
 def test_the_cheap_tensor_test_accepts_only_what_tensor_error_accepts():
     engine = _greedy(max_num_logits_per_req=2)
     inp, vs = engine.inputs, engine.vocab_shard
