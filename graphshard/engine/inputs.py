@@ -48,6 +48,7 @@ class StepInputs:
         # Rows of draft_token_ids written since they last held -1 (a step without drafts
         # resets only those, and only once).
         self._dirty_draft_rows = 0
+        self._views: dict[tuple, torch.Tensor] = {}  # `_view`'s
         self._spans = {name: _span(t) for name, t in (("logits", self.logits),
                                                        ("drafts", self.draft_token_ids),
                                                        ("bitmask", self.grammar_bitmask))
@@ -77,15 +78,28 @@ class StepInputs:
         """Copy this rank's tensors in (stream-ordered, so a step in flight still reads its own)."""
         with torch.no_grad():  # a grad-tracking shard must not give the static buffers a history
             if not self.is_zero_copy(logits, num_logits):
-                self.logits[:num_logits].copy_(logits, non_blocking=True)
+                self._view("logits", num_logits).copy_(logits, non_blocking=True)
             if self.max_num_logits_per_req > 1:
                 self._write_drafts(drafts, num_logits)
             if bitmask is not None:
-                self.grammar_bitmask[:num_logits, : bitmask.shape[1]].copy_(bitmask, non_blocking=True)
+                self._view("bitmask", num_logits, bitmask.shape[1]).copy_(bitmask,
+                                                                          non_blocking=True)
+
+    def _view(self, name: str, num_logits: int, width: int | None = None) -> torch.Tensor:
+        """The leading `num_logits` rows of a buffer (and `width` words of the bitmask's), made
+        once per size: slicing costs microseconds a step where the loop runs cold."""
+        key = (name, num_logits, width)
+        view = self._views.get(key)
+        if view is None:
+            buf = {"logits": self.logits, "drafts": self.draft_token_ids,
+                   "bitmask": self.grammar_bitmask}[name]
+            view = self._views[key] = buf[:num_logits] if width is None \
+                else buf[:num_logits, :width]
+        return view
 
     def _write_drafts(self, drafts: torch.Tensor | None, num_logits: int) -> None:
         if drafts is not None:
-            self.draft_token_ids[:num_logits].copy_(drafts, non_blocking=True)
+            self._view("drafts", num_logits).copy_(drafts, non_blocking=True)
             self._dirty_draft_rows = max(self._dirty_draft_rows, num_logits)
         elif self._dirty_draft_rows:
             # -1 never equals a sample: nothing accepted.
