@@ -110,6 +110,7 @@ class Engine:
         self._one_row = config.max_num_logits_per_req == 1  # then num_logits == n
         self._routes: list[Route] = []  # index n <= largest bucket, once captured
         self._views: dict[int, SamplerOutput] = {}
+        self._eager_fns: dict[tuple, Callable[[], None]] = {}  # `_run_eager`'s, by step key
         self._sizes = [0, 0]  # n of the last two issued steps, by parity (`read`)
         self._first_readable = 0  # capture() reruns placeholder batches over the last results
         self._closed = False
@@ -505,7 +506,10 @@ class Engine:
 
     def _run_eager(self, idx: np.ndarray, cu: np.ndarray, n: int) -> None:
         """Above the largest bucket (or before capture): the same step, run without a graph."""
-        fn = self.parts.step_fn(eager_key(n, idx, cu, self._strategy[self.config.max_bucket], self.tp_size))
+        key = eager_key(n, idx, cu, self._strategy[self.config.max_bucket], self.tp_size)
+        fn = self._eager_fns.get(key)
+        if fn is None:  # built once per key: ~10 µs of closures a step on an H100's host
+            fn = self._eager_fns[key] = self.parts.step_fn(key)
         if self.captured:
             self.graphs.run_eager(fn, n)
         else:
