@@ -193,7 +193,8 @@ class Engine:
                          divergence=self.divergence, vocab_size=cfg.vocab_size,
                          max_num_logits_per_req=cfg.max_num_logits_per_req, tp_rank=self.tp_rank,
                          digest_rows=self._digest_rows,
-                         programmatic_launch=self.programmatic_launch)
+                         programmatic_launch=self.programmatic_launch,
+                         replay_sampler=self._user_sampler is None)
 
     def _barrier(self) -> None:
         if self.transport is not None:

@@ -27,7 +27,7 @@ from graphshard.engine.routes import is_unmasked
 from graphshard.engine.strategy import SHARD
 from graphshard.plan.kernel import fetch_and_plan
 from graphshard.plan.layout import PlanBuffers
-from graphshard.runtime.launch import Launch, deferred_launches
+from graphshard.runtime.launch import Launch, deferred_launches, recorded
 from graphshard.sample.params import SlotTables
 from graphshard.sample.records import RecordLayout
 
@@ -58,6 +58,9 @@ class StepParts:
     tp_rank: int
     digest_rows: int  # rows the checked record gather appends the divergence digest in
     programmatic_launch: bool
+    # The sampler is the built-in one, whose device work is launches alone: a step function's
+    # sampler call replays the launches its first call recorded (`runtime.launch.recorded`).
+    replay_sampler: bool = False
 
     def static_buffers(self) -> dict[str, torch.Tensor]:
         """Every buffer a step reads or writes, by name: what a graph backend may let a captured
@@ -98,17 +101,19 @@ class StepParts:
                       bitmask=inp.grammar_bitmask if masked else None,
                       bitmask_enabled=inp.bitmask_on if masked else None)
         if strategy == SHARD:
-            return functools.partial(
+            call = functools.partial(
                 self.sampler, full, num_reqs=pb.local_num_reqs, req_slots=pb.local_idx_mapping,
                 cu_num_logits=pb.local_cu_num_logits, seq_lens=pb.local_seq_lens,
                 records=self.local_records, max_num_reqs=owned_reqs(bucket, capacity),
                 draft_tokens=pb.local_draft_tokens if m > 1 else None,
                 bitmask_rows=pb.local_row_src if masked else None, **common)
-        return functools.partial(
-            self.sampler, full, num_reqs=inp.num_reqs, req_slots=inp.idx_mapping,
-            cu_num_logits=inp.cu_num_logits, seq_lens=inp.seq_lens, records=self.records,
-            max_num_reqs=bucket, draft_tokens=inp.draft_token_ids if m > 1 else None,
-            bitmask_rows=self.identity_rows if masked else None, **common)
+        else:
+            call = functools.partial(
+                self.sampler, full, num_reqs=inp.num_reqs, req_slots=inp.idx_mapping,
+                cu_num_logits=inp.cu_num_logits, seq_lens=inp.seq_lens, records=self.records,
+                max_num_reqs=bucket, draft_tokens=inp.draft_token_ids if m > 1 else None,
+                bitmask_rows=self.identity_rows if masked else None, **common)
+        return recorded(call) if self.replay_sampler else call
 
     def sampler_launches(self, keys: list[tuple]) -> list[Launch]:
         """The kernel launches of the sampler calls of `keys`' steps, recorded, not run."""

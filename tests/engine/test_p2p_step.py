@@ -108,8 +108,9 @@ def _launches(rank, world, cfg):
     import graphshard.plan.staging
     import graphshard.sample.kernels
     import graphshard.transports.p2p
+    # runtime.launch too: a step's sampler call replays its recorded launches from there.
     modules = (graphshard.plan.kernel, graphshard.sample.kernels, graphshard.plan.staging,
-               graphshard.transports.p2p)
+               graphshard.transports.p2p, graphshard.runtime.launch)
     real = graphshard.runtime.launch.launch
     for module in modules:
         module.launch = recording

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from graphshard.runtime.launch import compile_launches, deferred_launches, launch
+from graphshard.runtime.launch import compile_launches, deferred_launches, launch, recorded
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -155,3 +155,39 @@ def test_deferred_launches_run_nothing_and_do_not_nest():
     launch(kernel, (1,), x)  # after the block, launches run again
     assert calls == [((1,), (x,), {})]
     assert compile_launches(recorded) == 0  # nothing there is a compiled Triton kernel
+
+
+def test_a_recorded_function_runs_once_and_its_launches_replay():
+    x = torch.zeros(4)
+    ran, calls = [], []
+
+    class Kernel:
+        def __getitem__(self, grid):
+            return lambda *args, **kwargs: calls.append((grid, args, kwargs))
+
+    kernel = Kernel()
+
+    def fn():
+        ran.append(1)
+        launch(kernel, (2,), x, 4, BLOCK=8)
+        launch(kernel, (3, 1), x, BLOCK=16)
+
+    call = recorded(fn)
+    with deferred_launches() as outer:  # the compile-ahead's recording: fn itself, nothing run
+        call()
+    assert len(ran) == 1 and len(outer) == 2 and calls == []
+    for _ in range(3):
+        call()
+    assert len(ran) == 2  # once more, recording; then only its launches
+    want = [((2,), (x, 4), {"BLOCK": 8}), ((3, 1), (x,), {"BLOCK": 16})]
+    assert calls == want * 3 and calls[0][1][0] is x
+
+
+def test_a_recorded_function_that_fails_records_nothing():
+    def fn():
+        raise ValueError("bad argument")
+
+    call = recorded(fn)
+    for _ in range(2):
+        with pytest.raises(ValueError, match="bad argument"):
+            call()
