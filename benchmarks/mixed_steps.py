@@ -28,10 +28,10 @@ from torch.profiler import ProfilerActivity, profile
 
 from graphshard.config import Config
 from graphshard.engine import Engine
-from graphshard.harness.oracle import compare, sample_unsharded
+from graphshard.harness.demo import VerificationError, device_inputs, oracle_mismatch
 from graphshard.harness.workload import Workload
 from graphshard.sample.params import SlotTables
-from graphshard.sample.records import HostOutput, unpack
+from graphshard.sample.records import HostOutput
 from graphshard.sample.workspace import STAT_NAMES
 
 STAT_PATHS = tuple(STAT_NAMES)  # the slow paths `SamplerWorkspace.paths` counts
@@ -52,12 +52,7 @@ def _inputs(workload: Workload, engine: Engine, tables: SlotTables | None = None
         if tables is not None:
             tables.set(slot, params)
     logits = workload.logits(batch, engine.vocab, engine.dtype, engine.device)
-    dev = engine.device
-    drafts = (torch.from_numpy(batch.draft_token_ids).to(dev)
-              if batch.draft_token_ids is not None else None)
-    bitmask = (torch.from_numpy(batch.grammar_bitmask).to(dev)
-               if batch.grammar_bitmask is not None else None)
-    return batch, logits, drafts, bitmask
+    return (batch, logits, *device_inputs(batch, engine.device))
 
 
 # The host parts of `Engine.step` timed with `--parts` (owner, method): what a step's issue time is
@@ -107,21 +102,6 @@ def _step(engine: Engine, batch, logits, drafts, bitmask) -> tuple[float, float,
     return (t1 - t0) * 1e6, (t2 - t0) * 1e6, host
 
 
-def _verify(engine: Engine, tables: SlotTables, batch, logits, drafts, bitmask,
-            host: HostOutput, step: int) -> None:
-    """The step's results must equal the unsharded oracle's (as the GPU test checks them)."""
-    want = sample_unsharded(logits, idx_mapping=batch.idx_mapping,
-                            cu_num_logits=batch.cu_num_logits, seq_lens=batch.seq_lens,
-                            tables=tables, layout=engine.layout,
-                            vocab_size=engine.config.vocab_size, draft_token_ids=drafts,
-                            grammar_bitmask=bitmask,
-                            bitmask_support=engine.config.grammar_bitmask,
-                            pdl=engine.programmatic_launch)
-    why = compare(unpack(torch.from_numpy(host.records), engine.layout), want)
-    if why is not None:
-        raise AssertionError(f"step {step} (n={batch.num_reqs}): {why}")
-
-
 def run(steps: int, seed: int, profile_steps: int = 0, parts: bool = False,
         verify: bool = False, cfg: Config = MIXED) -> dict:
     """Time `steps` steps of `cfg`'s mixed workload (then profile `profile_steps` more on a
@@ -141,8 +121,10 @@ def run(steps: int, seed: int, profile_steps: int = 0, parts: bool = False,
         issue_us, step_us, host = _step(engine, batch, logits, drafts, bitmask)
         host_parts = dict(spent)
         after = engine.workspace.paths()
-        if verify:
-            _verify(engine, tables, batch, logits, drafts, bitmask, host, i)
+        if verify:  # as the GPU test checks its steps (tp = 1: the logits are the full rows)
+            why = oracle_mismatch(engine, batch, logits, drafts, bitmask, host, tables)
+            if why is not None:
+                raise VerificationError(f"step {i} (n={batch.num_reqs}): {why}")
         rows.append(dict(step=i, n=batch.num_reqs, rows=batch.num_logits,
                          bitmask=bitmask is not None, eager=batch.num_reqs > cfg.max_bucket,
                          issue_us=issue_us, step_us=step_us, parts=host_parts,

@@ -57,7 +57,8 @@ def progress(done: int, total: int, width: int = 30) -> None:
     sys.stderr.flush()
 
 
-def _device_inputs(batch: Batch, device: torch.device):
+def device_inputs(batch: Batch, device: torch.device):
+    """The batch's drafts and bitmask as device tensors (None where it has none)."""
     drafts = torch.from_numpy(batch.draft_token_ids).to(device) if batch.draft_token_ids is not None else None
     bitmask = torch.from_numpy(batch.grammar_bitmask).to(device) if batch.grammar_bitmask is not None else None
     return drafts, bitmask
@@ -84,7 +85,7 @@ def run_rank(rank: int, world_size: int, cfg: Config, settings: DemoSettings) ->
             oracle_tables.set(slot, params)
         full = workload.logits(batch, engine.vocab, engine.dtype, engine.device)
         shard = full[:, lo:hi].contiguous()
-        drafts, bitmask = _device_inputs(batch, engine.device)
+        drafts, bitmask = device_inputs(batch, engine.device)
         _line_up(engine)
         start = time.perf_counter()
         out = engine.step(batch.idx_mapping, batch.cu_num_logits, batch.seq_lens, shard,
@@ -140,16 +141,24 @@ def _snapshot(tables: SlotTables) -> SlotTables:
 
 def _verify(c: _Check, engine: Engine, rank: int) -> None:
     """The step's results, as the loop's host copy holds them, must equal the unsharded oracle's."""
-    b = c.batch
-    want = sample_unsharded(c.full, idx_mapping=b.idx_mapping, cu_num_logits=b.cu_num_logits,
-                            seq_lens=b.seq_lens, tables=c.tables, layout=engine.layout,
-                            vocab_size=engine.config.vocab_size, draft_token_ids=c.drafts,
-                            grammar_bitmask=c.bitmask,
+    why = oracle_mismatch(engine, c.batch, c.full, c.drafts, c.bitmask, c.host, c.tables)
+    if why is not None:
+        raise VerificationError(f"rank {rank}, step {c.step} (n={c.batch.num_reqs}): {why}")
+
+
+def oracle_mismatch(engine: Engine, batch: Batch, full: torch.Tensor, drafts, bitmask,
+                    host: HostOutput, tables: SlotTables) -> str | None:
+    """What differs between a step's host results and the unsharded oracle's on the same
+    full-vocabulary logits, drafts, bitmask and slot tables (as the step saw them); None if
+    nothing."""
+    want = sample_unsharded(full, idx_mapping=batch.idx_mapping,
+                            cu_num_logits=batch.cu_num_logits, seq_lens=batch.seq_lens,
+                            tables=tables, layout=engine.layout,
+                            vocab_size=engine.config.vocab_size, draft_token_ids=drafts,
+                            grammar_bitmask=bitmask,
                             bitmask_support=engine.config.grammar_bitmask,
                             pdl=engine.programmatic_launch)
-    why = compare(unpack(torch.from_numpy(c.host.records), engine.layout), want)
-    if why is not None:
-        raise VerificationError(f"rank {rank}, step {c.step} (n={b.num_reqs}): {why}")
+    return compare(unpack(torch.from_numpy(host.records), engine.layout), want)
 
 
 def _check_ranks_agree(engine: Engine, out, rank: int, step: int) -> None:
