@@ -1,7 +1,7 @@
 """Where a step of the mixed GPU workload spends its time, at tp = 1 on one GPU.
 
 Usage: python3 -m benchmarks.mixed_steps [--steps 300] [--seed 11] [--profile-steps 100]
-       [--parts] [--verify] [--out mixed.json]
+       [--parts] [--verify] [--launch-cost ROUNDS] [--out mixed.json]
 
 The workload and config are those of `tests/gpu/test_engine_gpu.py::test_mixed_workload_equals_oracle`
 (V = 32000 bf16, up to 96 requests of up to 3 rows, buckets up to 64, mixed sampling parameters,
@@ -28,8 +28,10 @@ from torch.profiler import ProfilerActivity, profile
 
 from graphshard.config import Config
 from graphshard.engine import Engine
+from graphshard.engine.routes import eager_keys
 from graphshard.harness.demo import VerificationError, device_inputs, oracle_mismatch
 from graphshard.harness.workload import Workload
+from graphshard.runtime.launch import bound, launch
 from graphshard.sample.params import SlotTables
 from graphshard.sample.records import HostOutput
 from graphshard.sample.workspace import STAT_NAMES
@@ -60,14 +62,15 @@ def _inputs(workload: Workload, engine: Engine, tables: SlotTables | None = None
 PARTS = (("engine", "_check_step"), ("engine", "_check_step_exactly"), ("checker", "accepts"),
          ("inputs", "tensors_fit"), ("engine", "_admit"), ("inputs", "stage"),
          ("inputs", "write_tensors"), ("engine", "_run"), ("engine", "_run_eager"),
-         ("parts", "step_fn"), ("engine", "_settle"))
+         ("parts", "step_fn"), ("engine", "_settle"), ("inputs", "fetch"),
+         ("host_records", "publish"))
 
 
 def wrap_parts(engine: Engine) -> dict[str, float]:
     """Time each part of PARTS into the returned dict (µs, summed since the caller cleared it)."""
     spent: dict[str, float] = defaultdict(float)
     owners = {"engine": engine, "checker": engine.checker, "inputs": engine.inputs,
-              "parts": engine.parts}
+              "parts": engine.parts, "host_records": engine.parts.host_records}
 
     def timed(name, fn):
         def wrapper(*args, **kwargs):
@@ -80,6 +83,8 @@ def wrap_parts(engine: Engine) -> dict[str, float]:
 
     for owner, method in PARTS:
         obj = owners[owner]
+        if obj is None:  # no host records past tp = 1
+            continue
         # object.__setattr__: the step parts are a frozen dataclass.
         object.__setattr__(obj, method, timed(f"{owner}.{method}", getattr(obj, method)))
     return spent
@@ -103,9 +108,10 @@ def _step(engine: Engine, batch, logits, drafts, bitmask) -> tuple[float, float,
 
 
 def run(steps: int, seed: int, profile_steps: int = 0, parts: bool = False,
-        verify: bool = False, cfg: Config = MIXED) -> dict:
+        verify: bool = False, cfg: Config = MIXED, launch_rounds: int = 0) -> dict:
     """Time `steps` steps of `cfg`'s mixed workload (then profile `profile_steps` more on a
-    GPU); `parts` and `verify` as the command's options. Other configs than MIXED are for tests."""
+    GPU, then `launch_cost` over `launch_rounds`); `parts` and `verify` as the command's
+    options. Other configs than MIXED are for tests."""
     engine = Engine(cfg)
     t = time.perf_counter()
     engine.capture()
@@ -131,8 +137,8 @@ def run(steps: int, seed: int, profile_steps: int = 0, parts: bool = False,
                          paths={k: after[k] - before[k] for k in after if after[k] != before[k]}))
     device = (torch.cuda.get_device_name(engine.device) if engine.device.type == "cuda"
               else "cpu")
-    print(summary(dict(device=device, capture_s=capture_s, steps=rows, kernels_us_per_step={})),
-          flush=True)
+    print(summary(dict(device=device, capture_s=capture_s, steps=rows, kernels_us_per_step={},
+                       verified=steps if verify else 0)), flush=True)
     kernels: dict[str, float] = defaultdict(float)
     if profile_steps and engine.device.type == "cuda":
         # The batches' churn must reach the engine step by step, so their logits are made
@@ -145,9 +151,40 @@ def run(steps: int, seed: int, profile_steps: int = 0, parts: bool = False,
         for e in prof.events():
             if e.device_type == torch.autograd.DeviceType.CUDA:
                 kernels[e.name] += e.device_time / profile_steps
+    launches = launch_cost(engine, launch_rounds) if launch_rounds else {}
     engine.close()
     return dict(device=device, capture_s=capture_s, verified=steps if verify else 0, steps=rows,
-                kernels_us_per_step=dict(sorted(kernels.items(), key=lambda kv: -kv[1])))
+                kernels_us_per_step=dict(sorted(kernels.items(), key=lambda kv: -kv[1])),
+                launch_us=launches)
+
+
+def launch_cost(engine: Engine, rounds: int) -> dict[str, list[float]]:
+    """Host µs (median of `rounds`) of each launch of an eager step's sampler call at
+    max_num_reqs, as `launch` makes it and as a `bound` launch repeats it, by kernel. Each round
+    issues the call's launches in order (plain and bound rounds alternate), the device idle
+    before it, as an eager step issues them."""
+    strategy = engine._strategy[engine.config.max_bucket]
+    key = eager_keys(engine.config.max_bucket, engine.config.max_num_reqs, (strategy,),
+                     engine.tp_size)[-1]
+    items = engine.parts.sampler_launches([key])
+    thunks = [bound(item) for item in items]
+    for thunk in thunks:  # their first calls take the full path
+        thunk()
+    names = [getattr(item.kernel, "__name__", str(item.kernel)) for item in items]
+    spent = {kind: [[] for _ in items] for kind in ("plain", "bound")}
+    for _ in range(rounds):
+        for kind in ("plain", "bound"):
+            _sync(engine.device)
+            for i, item in enumerate(items):
+                t = time.perf_counter()
+                if kind == "plain":
+                    launch(item.kernel, item.grid, *item.args, **item.kwargs)
+                else:
+                    thunks[i]()
+                spent[kind][i].append((time.perf_counter() - t) * 1e6)
+    _sync(engine.device)
+    return {f"{i} {name}": [float(np.median(spent["plain"][i])), float(np.median(spent["bound"][i]))]
+            for i, name in enumerate(names)}
 
 
 def _p50(values) -> str:
@@ -188,6 +225,10 @@ def summary(result: dict) -> str:
                 v = [r["parts"][name] for r in g if name in r["parts"]]
                 line += f"  {kind} {len(v):4d} x {np.median(v) if v else 0.0:7.1f}"
             lines.append(line)
+    if result.get("launch_us"):
+        lines.append("host µs per launch of an eager step's sampler call (p50): plain, bound")
+        for name, (plain, fast) in result["launch_us"].items():
+            lines.append(f"  {plain:7.1f} {fast:7.1f}  {name}")
     lines.append("kernel device µs per step (profiled steps):")
     for name, us in list(result["kernels_us_per_step"].items())[:25]:
         lines.append(f"  {us:9.1f}  {name[:100]}")
@@ -203,11 +244,14 @@ def main(argv=None) -> None:
                     help="time the host parts of step() (PARTS) in every timed step")
     ap.add_argument("--verify", action="store_true",
                     help="check every timed step against the unsharded oracle (after its timing)")
+    ap.add_argument("--launch-cost", type=int, default=0, metavar="ROUNDS",
+                    help="then time each launch of an eager step's sampler call, plain and bound")
     ap.add_argument("--out", default=None)
     args = ap.parse_args(argv)
     if not torch.cuda.is_available():
         raise SystemExit("mixed_steps needs a CUDA GPU")
-    result = run(args.steps, args.seed, args.profile_steps, args.parts, args.verify)
+    result = run(args.steps, args.seed, args.profile_steps, args.parts, args.verify,
+                 launch_rounds=args.launch_cost)
     text = summary(result)
     print(text[text.index("kernel device"):])
     if args.out:

@@ -9,7 +9,7 @@ SMALL = mixed_steps.MIXED.replace(vocab_size=300, max_num_reqs=6, max_num_slots=
 
 
 def test_steps_are_timed_split_into_parts_and_verified():
-    result = mixed_steps.run(12, seed=3, parts=True, verify=True, cfg=SMALL)
+    result = mixed_steps.run(12, seed=3, parts=True, verify=True, cfg=SMALL, launch_rounds=2)
     steps = result["steps"]
     assert result["verified"] == 12 and len(steps) == 12
     assert {s["eager"] for s in steps} == {True, False}  # the workload crosses the largest bucket
@@ -18,7 +18,11 @@ def test_steps_are_timed_split_into_parts_and_verified():
         run = "engine._run_eager" if s["eager"] else "engine._run"
         assert s["parts"][run] > 0 and s["parts"]["engine._check_step"] > 0
         assert set(s["paths"]) <= set(mixed_steps.STAT_PATHS)
+    # Both ways of launching an eager step's sampler call are timed, launch by launch.
+    assert result["launch_us"] and all(p > 0 and b > 0 for p, b in result["launch_us"].values())
+    assert any("_scan_kernel" in name for name in result["launch_us"])
     text = mixed_steps.summary(result)
+    assert "host µs per launch of an eager step's sampler call" in text
     assert "12 steps equal to the oracle" in text
     assert "host µs per step of each part of step()" in text
     graph = next(line for line in text.splitlines() if line.startswith("graph "))

@@ -28,7 +28,7 @@ import triton
 import triton.language as tl
 
 from graphshard.plan.staging import Staging
-from graphshard.runtime.launch import launch
+from graphshard.runtime.launch import Launch, bound
 from graphshard.runtime.pdl import check_pdl, pdl_options, follow_producer
 
 _BLOCK = 1024
@@ -108,19 +108,25 @@ class HostRecords:
         self._width = records.shape[1]
         self._slot_words = records.numel()
         self._arrivals = torch.zeros(1, dtype=torch.int32, device=device)
+        self._publishes: dict = {}  # `publish`'s launches, by max_num_reqs
         self.tokens = torch.full((records.shape[0], tokens_per_record), -1, dtype=torch.int32,
                                  device=device) if tokens_per_record else None
 
     def publish(self, max_num_reqs: int) -> None:
         """The step's last kernel (graph-safe; its grid sized for `max_num_reqs` requests): its
         records to the host, then its done word."""
-        words = min(max_num_reqs, self.records.shape[0]) * self._width
-        grid = (max(1, triton.cdiv(words, _WORDS_PER_PROGRAM)),)
-        tokens = self.tokens if self.tokens is not None else self.records  # unused without
-        launch(_publish_kernel, grid, self.records, tokens, self.num_reqs, self._address,
-               *self.staged.done_args(), self._arrivals, WIDTH=self._width,
-               TOKENS=0 if self.tokens is None else self.tokens.shape[1],
-               SLOT=self._slot_words, BLOCK=_BLOCK, SHARED=grid[0] > 1, **self._dependent)
+        publish = self._publishes.get(max_num_reqs)
+        if publish is None:  # the same arguments every call: launched as `bound` launches them
+            words = min(max_num_reqs, self.records.shape[0]) * self._width
+            grid = (max(1, triton.cdiv(words, _WORDS_PER_PROGRAM)),)
+            tokens = self.tokens if self.tokens is not None else self.records  # unused without
+            publish = self._publishes[max_num_reqs] = bound(Launch(
+                _publish_kernel, grid,
+                (self.records, tokens, self.num_reqs, self._address, *self.staged.done_args(),
+                 self._arrivals),
+                dict(WIDTH=self._width, TOKENS=0 if self.tokens is None else self.tokens.shape[1],
+                     SLOT=self._slot_words, BLOCK=_BLOCK, SHARED=grid[0] > 1, **self._dependent)))
+        publish()
 
     def rows(self, step: int, n: int) -> np.ndarray:
         """A copy of step `step`'s first n records (the caller made sure it finished)."""

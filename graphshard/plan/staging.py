@@ -47,7 +47,7 @@ import torch
 import triton
 import triton.language as tl
 
-from graphshard.runtime.launch import launch
+from graphshard.runtime.launch import Launch, bound, launch
 from graphshard.runtime.pdl import lead_dependents
 
 HEADER = 8  # step (2 words), num_reqs, bitmask_on, the inputs flags and the slots digest (2 each)
@@ -171,6 +171,8 @@ class Staging:
         self._bytes = memoryview(host).cast("B")
         self._words64 = self._bytes.cast("q")
         self._row_slices = host.reshape(-1, 2, SLICE)
+        self._pulls: dict = {}  # `pull`'s views, by max_reqs
+        self._fetches: dict = {}  # `fetch`'s launches, by (max_reqs, pdl_next)
 
     def views(self) -> tuple[torch.Tensor, ...]:
         """Device views of meta: num_reqs [1], bitmask_on [1], idx_mapping, cu_num_logits, seq_lens."""
@@ -228,8 +230,11 @@ class Staging:
         """The step's first operation: the leading slices of both host rows that a step of at
         most `max_reqs` requests (default: max_num_reqs) uses, into `copies` (stream-ordered; a
         copy node in a captured graph, which reads the rows as they are at replay)."""
-        words = self._pulled(max_reqs)
-        self.copies[:words].copy_(self.rows[:words], non_blocking=True)
+        views = self._pulls.get(max_reqs)
+        if views is None:  # sliced once per size: slicing costs microseconds a step
+            words = self._pulled(max_reqs)
+            views = self._pulls[max_reqs] = (self.copies[:words], self.rows[:words])
+        views[0].copy_(views[1], non_blocking=True)
 
     def _pulled(self, max_reqs: int | None) -> int:
         if max_reqs is None:
@@ -244,9 +249,13 @@ class Staging:
         at most `max_reqs` requests. `pdl_next`: the kernel launched next is a programmatic
         dependent, which this one lets launch at its start."""
         self.pull(max_reqs)
-        used = HEADER + 3 * (self.max_num_reqs if max_reqs is None else max_reqs) + 1
-        launch(_fetch_kernel, (triton.cdiv(used, _FETCH_BLOCK),), *self.fetch_args(),
-               BLOCK=_FETCH_BLOCK, **({"LAUNCH_DEPENDENTS": True} if pdl_next else {}))
+        fetch = self._fetches.get((max_reqs, pdl_next))
+        if fetch is None:  # the same arguments every call: launched as `bound` launches them
+            used = HEADER + 3 * (self.max_num_reqs if max_reqs is None else max_reqs) + 1
+            fetch = self._fetches[max_reqs, pdl_next] = bound(Launch(
+                _fetch_kernel, (triton.cdiv(used, _FETCH_BLOCK),), self.fetch_args(),
+                dict(BLOCK=_FETCH_BLOCK, **({"LAUNCH_DEPENDENTS": True} if pdl_next else {}))))
+        fetch()
 
     def signal_done(self) -> None:
         """The step's last kernel: its step number into `last` and the host's done word."""

@@ -19,6 +19,7 @@ in-memory caches, so the launches that follow find them compiled.
 from __future__ import annotations
 
 import contextvars
+import functools
 import inspect
 import os
 from concurrent.futures import ThreadPoolExecutor
@@ -76,23 +77,86 @@ def recorded(fn: Callable[[], None]) -> Callable[[], None]:
     without calling it: for a function whose only device work is `launch` calls, with the same
     arguments every call (static buffers), so that later calls skip its checks and argument
     building (the built-in sampler's: ~105 µs p50 of an eager step's host time in the mixed
-    workload's loop on the 2-core CPU machine, against ~12 for the replay's loop). Inside
-    `deferred_launches` it calls `fn`, and the block records its launches."""
-    launches: list[Launch] | None = None
+    workload's loop on the 2-core CPU machine, against ~12 for the replay's loop). The replays
+    go through `bound` launches. Inside `deferred_launches` it calls `fn`, and the block
+    records its launches."""
+    thunks: list[Callable[[], None]] | None = None
 
     def call() -> None:
-        nonlocal launches
+        nonlocal thunks
         if _deferred.get() is not None:
             fn()
             return
-        if launches is None:
+        if thunks is None:
             with deferred_launches() as first:
                 fn()
-            launches = first
-        for item in launches:
-            launch(item.kernel, item.grid, *item.args, **item.kwargs)
+            thunks = [bound(item) for item in first]
+        for thunk in thunks:
+            thunk()
 
     return call
+
+
+def bound(item: Launch) -> Callable[[], None]:
+    """A call that launches `item` as `launch(item.kernel, item.grid, *item.args, **item.kwargs)`
+    does, every time, for arguments that stay the same (static buffers). A compiled kernel's
+    later calls go straight to the variant its first call launched, its arguments bound once:
+    Triton's per-launch binding, specialisation and cache look-up are what an eager step's
+    launches cost on the host. Launch hooks (`triton.knobs.runtime.launch_enter_hook`) and the
+    current stream are honoured at every call; a call on another device than the first takes
+    the full path. Inside `deferred_launches` a call is recorded, as `launch` records it."""
+    if not compiles_kernels(item.kernel):
+        return lambda: launch(item.kernel, item.grid, *item.args, **item.kwargs)
+    direct: Callable[[], None] | None = None
+
+    def call() -> None:
+        nonlocal direct
+        if _deferred.get() is not None:
+            launch(item.kernel, item.grid, *item.args, **item.kwargs)
+        elif direct is not None:
+            direct()
+        else:
+            direct = _direct_launch(item, launch(item.kernel, item.grid, *item.args, **item.kwargs))
+
+    return call
+
+
+def _direct_launch(item: Launch, compiled) -> Callable[[], None]:
+    """`item` launched through `compiled` (the variant its full launch returned), or the full
+    launch where that variant offers no launcher (`CompiledKernel.__getitem__`)."""
+    full = functools.partial(launch, item.kernel, item.grid, *item.args, **item.kwargs)
+    if compiled is None or not callable(getattr(compiled, "__getitem__", None)):
+        return full
+    grid = tuple(item.grid) + (1,) * (3 - len(item.grid))
+    runner = compiled[grid]
+    values = bound_arguments(item.kernel, item.args, item.kwargs)
+    device = torch.cuda.current_device()
+    current_device = torch.cuda.current_device
+
+    def direct() -> None:
+        if current_device() != device:
+            full()
+            return
+        with torch._C.DisableTorchFunction():
+            runner(*values)
+
+    return direct
+
+
+def bound_arguments(kernel, args: tuple, kwargs: dict) -> tuple:
+    """Every parameter's value in the kernel's order, defaults filled in, launch options
+    (`num_warps`, ...) left out: what a compiled variant's launcher takes after its grid."""
+    names = _signature(kernel)[0]
+    params = inspect.signature(kernel.fn).parameters
+    values = dict(zip(names, args))
+    for name, value in kwargs.items():
+        if name in params:
+            values[name] = value
+    missing = [n for n in names if n not in values and params[n].default is inspect.Parameter.empty]
+    if missing or len(args) > len(names):
+        raise TypeError(f"{getattr(kernel, '__name__', kernel)}: cannot bind its arguments "
+                        f"(missing {missing}, {len(args)} positional of {len(names)})")
+    return tuple(values[n] if n in values else params[n].default for n in names)
 
 
 def compiles_kernels(kernel) -> bool:

@@ -11,7 +11,8 @@ import torch
 import triton
 import triton.language as tl
 
-from graphshard.runtime.launch import compiles_kernels, launch, specialization_key
+from graphshard.runtime.launch import (Launch, bound, bound_arguments, compiles_kernels,
+                                       deferred_launches, launch, specialization_key)
 
 PACKAGE = Path(__file__).resolve().parents[2] / "graphshard"
 # The finish kernel has the most: the scan's inputs, its records and drafts, seven sizes,
@@ -82,3 +83,91 @@ def test_interpreted_launches_compute_ieee_results_without_numpy_warnings():
         warnings.simplefilter("error")
         launch(_masked_difference_kernel, (1,), x, out, BLOCK=16)
     assert torch.equal(out, torch.zeros(16))
+
+
+def _defaults(a_ptr, b_ptr, n, pair=None, K: tl.constexpr = 3):
+    pass
+
+
+class _Variant:
+    """A compiled variant as `bound` uses it: indexed by a grid, its runner called with every
+    parameter's value."""
+
+    def __init__(self, calls):
+        self.calls = calls
+
+    def __getitem__(self, grid):
+        return lambda *values: self.calls.append(("direct", grid, values))
+
+
+def _compiled_kernel(monkeypatch, calls, variant=True, device=(0,)):
+    """A `JITFunction` whose full launch records its call and returns a `_Variant` (or None);
+    the current CUDA device is `device[0]`."""
+    kernel = triton.runtime.jit.JITFunction(_defaults)
+
+    def run(*args, grid, warmup, **kwargs):
+        calls.append(("full", grid, args, kwargs))
+        return _Variant(calls) if variant else None
+
+    monkeypatch.setattr(kernel, "run", run, raising=False)
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: device[0])
+    return kernel
+
+
+def test_bound_launches_later_calls_through_the_first_calls_variant(monkeypatch):
+    calls = []
+    kernel = _compiled_kernel(monkeypatch, calls)
+    a, b = torch.zeros(4), torch.ones(4)
+    thunk = bound(Launch(kernel, (5,), (a, b, 7), dict(K=2, num_warps=4)))
+    for _ in range(3):
+        thunk()
+    assert [c[0] for c in calls] == ["full", "direct", "direct"]
+    assert calls[0][1] == (5,) and calls[0][3] == dict(K=2, num_warps=4)
+    # Every parameter in order, the default filled in, the launch option left out.
+    _, grid, values = calls[1]
+    assert grid == (5, 1, 1) and values[2:] == (7, None, 2)
+    assert values[0] is a and values[1] is b
+    # Inside deferred_launches a call is recorded, before and after the first launch.
+    fresh = bound(Launch(kernel, (5,), (a, b, 7), {}))
+    for thunk_ in (fresh, thunk):
+        with deferred_launches() as held:
+            thunk_()
+        assert len(held) == 1 and held[0].args == (a, b, 7)
+    assert len(calls) == 3
+    fresh()
+    assert calls[-1][0] == "full"
+
+
+def test_bound_takes_the_full_launch_without_a_variant_or_on_another_device(monkeypatch):
+    calls = []
+    kernel = _compiled_kernel(monkeypatch, calls, variant=False)
+    thunk = bound(Launch(kernel, (1,), (torch.zeros(1), torch.zeros(1), 1), {}))
+    thunk(), thunk()
+    assert [c[0] for c in calls] == ["full", "full"]
+    calls.clear()
+    device = [0]
+    kernel = _compiled_kernel(monkeypatch, calls, device=device)
+    thunk = bound(Launch(kernel, (1,), (torch.zeros(1), torch.zeros(1), 1), {}))
+    thunk()
+    device[0] = 1
+    thunk()
+    assert [c[0] for c in calls] == ["full", "full"]
+
+
+def test_bound_arguments_refuses_what_the_kernel_cannot_bind():
+    kernel = triton.runtime.jit.JITFunction(_defaults)
+    with pytest.raises(TypeError, match="missing"):
+        bound_arguments(kernel, (torch.zeros(1),), {})
+    with pytest.raises(TypeError, match="positional"):
+        bound_arguments(kernel, (1, 2, 3, 4, 5, 6), {})
+
+
+def test_bound_interpreted_launches_run_every_call():
+    x = torch.zeros(4)
+    thunk = bound(Launch(_masked_difference_kernel, (1,), (torch.arange(4.0), x), dict(BLOCK=4)))
+    assert not compiles_kernels(_masked_difference_kernel)
+    thunk()
+    assert torch.equal(x, torch.arange(4.0) - 3)
+    x.zero_()
+    thunk()
+    assert torch.equal(x, torch.arange(4.0) - 3)

@@ -1,0 +1,34 @@
+#!/usr/bin/env bash
+# One device call: the mixed workload (`benchmarks.mixed_steps`, every step checked against the
+# oracle) on two or more trees, and GPU tests on this checkout. Phase 1 (LIMIT seconds, default
+# 330) compiles each tree's engine by running a few untimed steps, each tree in a process and a
+# Triton cache of its own, while the test shards (TESTS, as tests_call.sh takes them) run beside
+# them; phase 2 times the trees one after another, alone on the GPU, from the caches phase 1
+# filled. Files under $OUT: mixed_<tree>.json and .txt, compile_<tree>.txt, tests_<n>.txt,
+# 0_log.txt and 0all.tgz.
+# Usage: OUT=dir [TESTS="..."] [LIMIT=330] [STEPS=300] bash benchmarks/ablations/mixed_ab_call.sh TREE...
+CACHE=.triton_cache_tests source "$(dirname "$0")/call_setup.sh"
+[[ $# -gt 0 ]] || { echo "usage: $0 TREE..." >&2; exit 2; }
+limit=${LIMIT:-330}
+compile_pids=()
+for tree in "$@"; do
+  name=$(basename "$tree")
+  mkdir -p "/tmp/mixed_cache_$name"
+  (cd "$tree" && TRITON_CACHE_DIR=/tmp/mixed_cache_$name timeout -k 5 "$limit" \
+     python3 -m benchmarks.mixed_steps --steps 3 --profile-steps 0 > "$OUT/compile_$name.txt" 2>&1
+   echo "compile $name rc=$? ${SECONDS}s" >> "$log") &
+  compile_pids+=($!)
+done
+[[ -n ${TESTS:-} ]] && { IFS=';' read -ra shards <<< "$TESTS"; test_shards "$limit" "${shards[@]}"; }
+# Phase 2 waits for the tests too: they would share the GPU with the timed steps.
+wait
+grep -H -E "passed|failed|error" "$OUT"/tests_*.txt 2>/dev/null | grep -v "::" >> "$log"
+echo "phase 1 ${SECONDS}s" >> "$log"
+for tree in "$@"; do
+  name=$(basename "$tree")
+  (cd "$tree" && TRITON_CACHE_DIR=/tmp/mixed_cache_$name timeout -k 5 150 \
+     python3 -m benchmarks.mixed_steps --steps "${STEPS:-300}" --profile-steps 0 --parts --verify \
+     --out "$OUT/mixed_$name.json" > "$OUT/mixed_$name.txt" 2>&1
+   echo "mixed $name rc=$? ${SECONDS}s" >> "$log")
+done
+close_call
