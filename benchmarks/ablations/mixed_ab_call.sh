@@ -6,7 +6,10 @@
 # them; phase 2 times the trees one after another, alone on the GPU, from the caches phase 1
 # filled. Files under $OUT: mixed_<tree>.json and .txt, compile_<tree>.txt, tests_<n>.txt,
 # 0_log.txt and 0all.tgz.
-# Usage: OUT=dir [TESTS="..."] [LIMIT=330] [STEPS=300] bash benchmarks/ablations/mixed_ab_call.sh TREE...
+# TEST_LIMIT (default LIMIT) bounds the test shards. LAUNCH_TREE (one of the trees) then times
+# its eager step's sampler launches, plain and bound (`--launch-cost 100`, launch_<tree>.txt).
+# Usage: OUT=dir [TESTS="..."] [LIMIT=330] [TEST_LIMIT=s] [STEPS=300] [LAUNCH_TREE=tree]
+#        bash benchmarks/ablations/mixed_ab_call.sh TREE...
 CACHE=.triton_cache_tests source "$(dirname "$0")/call_setup.sh"
 [[ $# -gt 0 ]] || { echo "usage: $0 TREE..." >&2; exit 2; }
 limit=${LIMIT:-330}
@@ -19,7 +22,7 @@ for tree in "$@"; do
    echo "compile $name rc=$? ${SECONDS}s" >> "$log") &
   compile_pids+=($!)
 done
-[[ -n ${TESTS:-} ]] && { IFS=';' read -ra shards <<< "$TESTS"; test_shards "$limit" "${shards[@]}"; }
+[[ -n ${TESTS:-} ]] && { IFS=';' read -ra shards <<< "$TESTS"; test_shards "${TEST_LIMIT:-$limit}" "${shards[@]}"; }
 # Phase 2 waits for the tests too: they would share the GPU with the timed steps.
 wait
 grep -H -E "passed|failed|error" "$OUT"/tests_*.txt 2>/dev/null | grep -v "::" >> "$log"
@@ -31,4 +34,11 @@ for tree in "$@"; do
      --out "$OUT/mixed_$name.json" > "$OUT/mixed_$name.txt" 2>&1
    echo "mixed $name rc=$? ${SECONDS}s" >> "$log")
 done
+if [[ -n ${LAUNCH_TREE:-} ]]; then
+  name=$(basename "$LAUNCH_TREE")
+  (cd "$LAUNCH_TREE" && TRITON_CACHE_DIR=/tmp/mixed_cache_$name timeout -k 5 90 \
+     python3 -m benchmarks.mixed_steps --steps 30 --profile-steps 0 --launch-cost 100 \
+     > "$OUT/launch_$name.txt" 2>&1
+   echo "launch cost $name rc=$? ${SECONDS}s" >> "$log")
+fi
 close_call
