@@ -17,6 +17,7 @@ import operator
 import torch
 
 from graphshard.plan.staging import Staging
+from graphshard.runtime.memcpy import device_copier
 from graphshard.errors import InvalidBatchError, InvalidTypeError
 
 
@@ -56,6 +57,8 @@ class StepInputs:
         self._on_device = _device_test(device)
         self._logits_ptr = self._spans["logits"][0]
         self._dtype, self._vocab_shard = logits_dtype, vocab_shard
+        self._row_bytes = vocab_shard * self.logits.element_size()
+        self._copier = device_copier(device)  # None off CUDA: `copy_`
         self._row_strides = (vocab_shard, 1)  # contiguous rows; the leading rows of self.logits
 
     # -- per step ---------------------------------------------------------------------------------
@@ -75,7 +78,11 @@ class StepInputs:
         return logits is None or (num_logits > 0 and logits.data_ptr() == self._logits_ptr)
 
     def write_tensors(self, logits: torch.Tensor, drafts, bitmask, num_logits: int) -> None:
-        """Copy this rank's tensors in (stream-ordered, so a step in flight still reads its own)."""
+        """Copy this rank's tensors in (stream-ordered, so a step in flight still reads its own):
+        on CUDA contiguous ones through the driver (`runtime.memcpy`), others by `copy_`."""
+        if self._copier is not None:
+            self._copy_in(logits, drafts, bitmask, num_logits)
+            return
         with torch.no_grad():  # a grad-tracking shard must not give the static buffers a history
             if not self.is_zero_copy(logits, num_logits):
                 self._view("logits", num_logits).copy_(logits, non_blocking=True)
@@ -84,6 +91,27 @@ class StepInputs:
             if bitmask is not None:
                 self._view("bitmask", num_logits, bitmask.shape[1]).copy_(bitmask,
                                                                           non_blocking=True)
+
+    def _copy_in(self, logits, drafts, bitmask, num_logits: int) -> None:
+        """`write_tensors` through the driver: each tensor's bytes are the leading bytes of its
+        buffer where it is contiguous (and a bitmask as wide as the buffer's rows)."""
+        copy, spans = self._copier, self._spans
+        if not self.is_zero_copy(logits, num_logits):
+            if logits.is_contiguous():
+                copy(self._logits_ptr, logits.data_ptr(), num_logits * self._row_bytes)
+            else:
+                self._view("logits", num_logits).copy_(logits.detach(), non_blocking=True)
+        if self.max_num_logits_per_req > 1:
+            if drafts is not None and drafts.is_contiguous():
+                copy(spans["drafts"][0], drafts.data_ptr(), 4 * num_logits)
+                self._dirty_draft_rows = max(self._dirty_draft_rows, num_logits)
+            else:
+                self._write_drafts(drafts, num_logits)
+        if bitmask is not None:
+            if bitmask.shape[1] == self.bitmask_widths[0] and bitmask.is_contiguous():
+                copy(spans["bitmask"][0], bitmask.data_ptr(), 4 * bitmask.numel())
+            else:
+                self._view("bitmask", num_logits, bitmask.shape[1]).copy_(bitmask, non_blocking=True)
 
     def _view(self, name: str, num_logits: int, width: int | None = None) -> torch.Tensor:
         """The leading `num_logits` rows of a buffer (and `width` words of the bitmask's), made
