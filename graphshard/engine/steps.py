@@ -15,7 +15,7 @@ included, is in graphshard/transports/p2p.py). The same call ends the step on th
 from __future__ import annotations
 
 import functools
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Callable
 
 import torch
@@ -61,6 +61,9 @@ class StepParts:
     # The sampler is the built-in one, whose device work is launches alone: a step function's
     # sampler call replays the launches its first call recorded (`runtime.launch.recorded`).
     replay_sampler: bool = False
+    # `sample_fn`'s calls by key, so that the compile-ahead's recording of a key's launches
+    # (`sampler_launches`) is what its step replays, from the first step.
+    _samples: dict = field(default_factory=dict, compare=False, repr=False)
 
     def static_buffers(self) -> dict[str, torch.Tensor]:
         """Every buffer a step reads or writes, by name: what a graph backend may let a captured
@@ -92,7 +95,14 @@ class StepParts:
     def sample_fn(self, key: tuple) -> Callable[[], None]:
         """The sampler call of `key`'s step, reading the full-vocabulary rows where the step's
         exchange leaves them: the transport's receive buffer (an exchange or all-gather into
-        `out=None`), or the inputs' logits at tp = 1. An `unmasked` key's call has no bitmask."""
+        `out=None`), or the inputs' logits at tp = 1. An `unmasked` key's call has no bitmask.
+        Made once per key."""
+        call = self._samples.get(key)
+        if call is None:
+            call = self._samples[key] = self._make_sample_fn(key)
+        return call
+
+    def _make_sample_fn(self, key: tuple) -> Callable[[], None]:
         bucket, strategy, capacity = key[:3]
         inp, pb, m = self.inputs, self.plan, self.max_num_logits_per_req
         full = inp.logits if self.transport is None else self.transport.receive_buffer()

@@ -79,13 +79,18 @@ def recorded(fn: Callable[[], None]) -> Callable[[], None]:
     building (the built-in sampler's: ~105 µs p50 of an eager step's host time in the mixed
     workload's loop on the 2-core CPU machine, against ~12 for the replay's loop). The replays
     go through `bound` launches. Inside `deferred_launches` it calls `fn`, and the block
-    records its launches."""
+    records its launches; a first call there keeps them too, so that its first call outside
+    (an engine's first step above its buckets, after the compile-ahead recorded it) replays."""
     thunks: list[Callable[[], None]] | None = None
 
     def call() -> None:
         nonlocal thunks
-        if _deferred.get() is not None:
+        outer = _deferred.get()
+        if outer is not None:
+            start = len(outer)
             fn()
+            if thunks is None:
+                thunks = [bound(item) for item in outer[start:]]
             return
         if thunks is None:
             with deferred_launches() as first:

@@ -172,15 +172,26 @@ def test_a_recorded_function_runs_once_and_its_launches_replay():
         launch(kernel, (2,), x, 4, BLOCK=8)
         launch(kernel, (3, 1), x, BLOCK=16)
 
+    want = [((2,), (x, 4), {"BLOCK": 8}), ((3, 1), (x,), {"BLOCK": 16})]
     call = recorded(fn)
-    with deferred_launches() as outer:  # the compile-ahead's recording: fn itself, nothing run
-        call()
-    assert len(ran) == 1 and len(outer) == 2 and calls == []
     for _ in range(3):
         call()
-    assert len(ran) == 2  # once more, recording; then only its launches
-    want = [((2,), (x, 4), {"BLOCK": 8}), ((3, 1), (x,), {"BLOCK": 16})]
+    assert len(ran) == 1  # once, recording; then only its launches
     assert calls == want * 3 and calls[0][1][0] is x
+    # Recorded first by the compile-ahead (fn itself, nothing run), its launches are kept: its
+    # first call outside replays them.
+    ran.clear(), calls.clear()
+    call = recorded(fn)
+    with deferred_launches() as outer:
+        launch(kernel, (9,), x)  # another function's launch, recorded before it
+        call()
+    assert len(ran) == 1 and len(outer) == 3 and calls == []
+    with deferred_launches() as again:
+        call()
+    assert len(ran) == 2 and len(again) == 2
+    for _ in range(2):
+        call()
+    assert len(ran) == 2 and calls == want * 2
 
 
 def test_a_recorded_function_that_fails_records_nothing():
