@@ -94,23 +94,23 @@ class StepInputs:
 
     def _copy_in(self, logits, drafts, bitmask, num_logits: int) -> None:
         """`write_tensors` through the driver: each tensor's bytes are the leading bytes of its
-        buffer where it is contiguous (and a bitmask as wide as the buffer's rows)."""
+        buffer where it is contiguous (and a bitmask as wide as the buffer's rows). A copy the
+        driver refuses (a thread without the device's context current, say) takes `copy_`,
+        which raises what is wrong, if anything."""
         copy, spans = self._copier, self._spans
         if not self.is_zero_copy(logits, num_logits):
-            if logits.is_contiguous():
-                copy(self._logits_ptr, logits.data_ptr(), num_logits * self._row_bytes)
-            else:
+            if not (logits.is_contiguous()
+                    and copy(self._logits_ptr, logits.data_ptr(), num_logits * self._row_bytes)):
                 self._view("logits", num_logits).copy_(logits.detach(), non_blocking=True)
         if self.max_num_logits_per_req > 1:
-            if drafts is not None and drafts.is_contiguous():
-                copy(spans["drafts"][0], drafts.data_ptr(), 4 * num_logits)
+            if drafts is not None and drafts.is_contiguous() \
+                    and copy(spans["drafts"][0], drafts.data_ptr(), 4 * num_logits):
                 self._dirty_draft_rows = max(self._dirty_draft_rows, num_logits)
             else:
                 self._write_drafts(drafts, num_logits)
         if bitmask is not None:
-            if bitmask.shape[1] == self.bitmask_widths[0] and bitmask.is_contiguous():
-                copy(spans["bitmask"][0], bitmask.data_ptr(), 4 * bitmask.numel())
-            else:
+            if not (bitmask.shape[1] == self.bitmask_widths[0] and bitmask.is_contiguous()
+                    and copy(spans["bitmask"][0], bitmask.data_ptr(), 4 * bitmask.numel())):
                 self._view("bitmask", num_logits, bitmask.shape[1]).copy_(bitmask, non_blocking=True)
 
     def _view(self, name: str, num_logits: int, width: int | None = None) -> torch.Tensor:

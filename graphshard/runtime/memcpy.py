@@ -21,20 +21,23 @@ _LIBRARY = "libcuda.so.1"
 
 class DeviceCopier:
     """`copier(dst_ptr, src_ptr, nbytes)` enqueues a copy of `nbytes` bytes between two device
-    addresses on the current stream of `device`; raises RuntimeError with the driver's code if
-    the driver refuses it."""
+    addresses on the current stream of `device`: True, or False where the driver refused it
+    (nothing enqueued; the caller copies another way, which reports what is wrong). The last
+    refusal's CUresult is kept in `refused`."""
 
     def __init__(self, device: torch.device, memcpy: Callable[..., int]):
         self.device = device
         self._memcpy = memcpy
         self._stream = _raw_stream(device)
+        self.refused: int | None = None
 
-    def __call__(self, dst_ptr: int, src_ptr: int, nbytes: int) -> None:
+    def __call__(self, dst_ptr: int, src_ptr: int, nbytes: int) -> bool:
         if nbytes:
             code = self._memcpy(dst_ptr, src_ptr, nbytes, self._stream())
             if code:
-                raise RuntimeError(f"cuMemcpyDtoDAsync failed with CUresult {code} "
-                                   f"({nbytes} bytes, {src_ptr:#x} -> {dst_ptr:#x})")
+                self.refused = code
+                return False
+        return True
 
 
 def device_copier(device: torch.device) -> DeviceCopier | None:

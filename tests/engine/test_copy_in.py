@@ -22,7 +22,7 @@ def _inputs(copier: bool) -> StepInputs:
                         logits_dtype=torch.bfloat16, device=torch.device("cpu"))
     assert inputs._copier is None  # no driver off CUDA
     if copier:
-        inputs._copier = lambda dst, src, nbytes: ctypes.memmove(dst, src, nbytes)
+        inputs._copier = lambda dst, src, nbytes: bool(ctypes.memmove(dst, src, nbytes) or True)
     return inputs
 
 
@@ -73,20 +73,31 @@ def test_the_zero_copy_logits_are_not_copied():
     assert copies == []
 
 
-def test_the_driver_copier_refuses_loudly_and_skips_empty_copies():
+def test_the_driver_copier_reports_a_refusal_and_skips_empty_copies():
     calls = []
 
     def memcpy(dst, src, nbytes, stream):
         calls.append((dst, src, nbytes, stream))
-        return 1 if nbytes == 3 else 0
+        return 201 if nbytes == 3 else 0
 
     copier = DeviceCopier(torch.device("cuda", 0), memcpy)
     copier._stream = lambda: 7
-    copier(16, 32, 0)
-    copier(16, 32, 8)
-    assert calls == [(16, 32, 8, 7)]
-    with pytest.raises(RuntimeError, match="CUresult 1"):
-        copier(16, 32, 3)
+    assert copier(16, 32, 0) and copier(16, 32, 8)
+    assert calls == [(16, 32, 8, 7)] and copier.refused is None
+    assert not copier(16, 32, 3) and copier.refused == 201
+
+
+def test_a_refused_driver_copy_falls_back_to_copy_():
+    fast, slow = _inputs(copier=True), _inputs(copier=False)
+    fast._copier = lambda dst, src, nbytes: False  # the driver refuses every copy
+    g = torch.Generator().manual_seed(1)
+    logits = torch.randn(5, V, generator=g).to(torch.bfloat16)
+    drafts = torch.randint(0, V, (5,), generator=g, dtype=torch.int32)
+    bitmask = torch.randint(0, 2**31 - 1, (5, WORDS), generator=g, dtype=torch.int32)
+    for inputs in (fast, slow):
+        inputs.write_tensors(logits, drafts, bitmask, 5)
+    for a, b in zip(_state(fast), _state(slow)):
+        assert torch.equal(a, b)
 
 
 def test_no_driver_copier_off_cuda():

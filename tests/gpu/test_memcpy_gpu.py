@@ -1,6 +1,9 @@
 """On a GPU, the driver's copies (`runtime.memcpy`) write what `copy_` writes, in stream order:
 a copy enqueued behind a long kernel waits for it, on the default stream and on a side
-stream, and `StepInputs.write_tensors` takes them for its contiguous inputs."""
+stream, and `StepInputs.write_tensors` takes them for its contiguous inputs, from the thread
+that made the inputs and from a fresh one (where the driver may refuse and `copy_` runs)."""
+
+import threading
 
 import pytest
 import torch
@@ -24,7 +27,7 @@ def test_driver_copies_are_stream_ordered_on_any_stream():
             for _ in range(4):  # long enough that an unordered copy would read zeros
                 a = a @ a / 64
             src.fill_(3.0)
-            copy(dst.data_ptr(), src.data_ptr(), src.numel() * 4)
+            assert copy(dst.data_ptr(), src.data_ptr(), src.numel() * 4)
             dst.add_(1.0)
         stream.synchronize()
         assert bool((dst == 4.0).all())
@@ -43,9 +46,16 @@ def test_write_tensors_takes_the_driver_path_and_writes_what_copy_writes():
         drafts = torch.randint(0, 1000, (rows,), device=device, generator=g, dtype=torch.int32)
         bitmask = torch.randint(-2**31, 2**31 - 1, (rows, 32), device=device, generator=g,
                                 dtype=torch.int32)
-        for inputs in (fast, slow):
-            inputs.write_tensors(logits, drafts if rows != 7 else None, bitmask, rows)
+        args = (logits, drafts if rows != 7 else None, bitmask, rows)
+        if rows == 13:  # from a thread that has made no CUDA call
+            worker = threading.Thread(target=fast.write_tensors, args=args)
+            worker.start()
+            worker.join()
+        else:
+            fast.write_tensors(*args)
+        slow.write_tensors(*args)
         torch.cuda.synchronize()
         assert torch.equal(fast.logits, slow.logits)
         assert torch.equal(fast.draft_token_ids, slow.draft_token_ids)
         assert torch.equal(fast.grammar_bitmask, slow.grammar_bitmask)
+    print(f"driver refusals: {fast._copier.refused}")
