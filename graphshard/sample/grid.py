@@ -39,7 +39,13 @@ MAX_SPLITS_PER_PROGRAM = 4
 # Programs the finish gives each row, by the rows of its grid (a static bound, like the scan's
 # chunks per program, so a captured graph keeps its choice): at small batch a top-p row's large
 # pool is drawn by several of them (`nucleus`); at large batch the rows alone fill the GPU.
-FINISH_PROGRAMS = ((64, 16),)
+# Between, four: a batch of mixed parameters has a few rows whose nucleus reaches below the
+# pool among many cheap ones, and one program each left them on the step's critical path (the
+# mixed workload at tp = 1 on an H100, grids of 66-192 rows: the device work after a graph
+# step's issue 188 -> 105 µs p50). A grid of only deep top-p rows gains nothing from the split
+# and pays for it (128 rows of V = 152064 fp32, top-p alone: scan + finish 104 -> 135 µs;
+# other modes 1.4-5.3 µs more). BENCHMARKS.md, "Four finish programs for mid-size grids".
+FINISH_PROGRAMS = ((64, 16), (192, 4))
 # A one-program finish of 8 warps over a grid of at least FINISH_CAPPED_ROWS rows is held to
 # FINISH_REGISTERS per thread (ptxas spills ~1.5 KB): four programs per SM instead of two
 # (128 registers without bitmask support; ~170 with it, one per SM), which a batch that fills

@@ -20,10 +20,15 @@ def test_scan_group_by_grid_rows():
 
 
 def test_finish_programs_by_grid_rows_and_room():
-    rows, programs = grid.FINISH_PROGRAMS[0]
-    # V = 152064: 19 chunks, a pool of 8192, slices of 256.
-    assert grid.finish_programs(rows, 19, 8192, 152064, None) == programs
-    assert grid.finish_programs(rows + 1, 19, 8192, 152064, None) == 1
+    # V = 152064: 19 chunks, a pool of 8192, slices of 256. Each bound's programs up to its rows,
+    # the next bound's past them, one past the last.
+    bounds = grid.FINISH_PROGRAMS
+    assert [p for _, p in bounds] == sorted((p for _, p in bounds), reverse=True)
+    for i, (rows, programs) in enumerate(bounds):
+        assert grid.finish_programs(rows, 19, 8192, 152064, None) == programs
+        after = bounds[i + 1][1] if i + 1 < len(bounds) else 1
+        assert grid.finish_programs(rows + 1, 19, 8192, 152064, None) == after
+    assert bounds[-1] == (192, 4)  # the mixed workload's largest grid (64 requests of 3 rows)
     assert grid.finish_programs(1, 19, 8192, 152064, 4) == 4
     assert [sampler.finish_slice(8192, p) for p in (1, 4, 16)] == [256, 256, 256]
     # Room: 2 chunks hold 640 scratch words (8 programs), a pool of 64 slices of 16 (4).
