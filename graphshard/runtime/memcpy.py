@@ -3,9 +3,9 @@
 A step copies up to three of the caller's tensors into the engine's static buffers. Through
 `Tensor.copy_` each copy is a dispatch, a TensorIterator and a launch: ~18-20 µs of host time
 per tensor on the H100 hosts, 55-62 µs of a graph step's ~140 µs of issue time in the mixed
-workload (BENCHMARKS.md). The driver's asynchronous copy takes a few microseconds through
-ctypes. It runs on torch's current stream of the device, so it is ordered with the step's
-graph exactly as `copy_` was.
+workload (BENCHMARKS.md). Through the driver's asynchronous copy (ctypes) the three took 35
+µs p50 there. It runs on torch's current stream of the device, so it is ordered with the
+step's graph exactly as `copy_` was.
 """
 
 from __future__ import annotations
