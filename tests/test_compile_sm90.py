@@ -16,8 +16,8 @@ compiles, and which refuses calls the interpreter accepts (a plain Python functi
 kernel or a `@triton.constexpr_function`).
 
 Run alone: `python -m tests.test_compile_sm90` prints each kernel's registers, spills, shared
-memory and machine code bytes for the variants a GPU run launches (`REPORTED`; with `--tested`,
-the test's), so a kernel change can be weighed on a CPU before a GPU times it.
+memory and machine code bytes for the variants a GPU run launches (`REPORTED`; with `--tested
+scans` or `--tested finish`, a part of the test's), so a kernel change can be weighed on a CPU before a GPU times it.
 """
 
 from __future__ import annotations
@@ -40,15 +40,21 @@ ROOT = Path(__file__).resolve().parents[1]
 # The sampler's arguments a GPU launch specialises on 16-byte alignment (`_compile`).
 ALIGNED = ("logits", "buffers")
 # The sampler variants compiled: (vocab, dtype, M, K, bitmask, the finish's programs per row,
-# whether the finish is compiled). The report's are two a GPU run launches: a small batch's at
+# the sampler kernels compiled). The report's are two a GPU run launches: a small batch's at
 # 152064 fp32, whose finish splits a row over programs, and a drafted 32000 bf16 batch with a
 # grammar bitmask, whose finish does not.
-REPORTED = ((152064, "fp32", 1, 20, False, 16, True), (32000, "bf16", 3, 3, True, 1, True))
-# The test's: the same scans, and one finish with every optional branch on (drafts, bitmask,
-# logprobs, a row split over programs). A finish is most of the compile time (~225 s on the
-# 2-core CI machine) and the branches are independent constexprs: one variant covers what the
-# two cover.
-TESTED = ((152064, "fp32", 1, 20, False, 16, False), (32000, "bf16", 3, 3, True, 16, True))
+BOTH = ("scan", "finish")
+REPORTED = ((152064, "fp32", 1, 20, False, 16, BOTH), (32000, "bf16", 3, 3, True, 1, BOTH))
+# The test's, in two parts the suite's workers run side by side, each (sampler variants, whether
+# the other kernels are compiled too): the same scans with every other kernel, and one finish
+# with every optional branch on (drafts, bitmask, logprobs, a row split over programs). A
+# finish is most of the compile time (~150-225 s on the 2-core CI machine) and the branches are
+# independent constexprs: one variant covers what the report's two cover.
+TESTED = {
+    "scans": (((152064, "fp32", 1, 20, False, 16, ("scan",)),
+               (32000, "bf16", 3, 3, True, 16, ("scan",))), True),
+    "finish": (((32000, "bf16", 3, 3, True, 16, ("finish",)),), False),
+}
 
 
 def _ptxas() -> Path | None:
@@ -105,9 +111,9 @@ def _code_bytes(cubin: Path, name: str) -> int:
     raise ValueError(f"no .text.{name} section in {cubin}")
 
 
-def report(sampler_variants=REPORTED) -> list[dict]:
-    """Compile the sampler's `sampler_variants` and every other kernel; one dict per kernel
-    variant."""
+def report(sampler_variants=REPORTED, others: bool = True) -> list[dict]:
+    """Compile the sampler's `sampler_variants` and (`others`) every other kernel; one dict per
+    kernel variant."""
     from graphshard.sample import grid, kernels as sampler
     from graphshard.plan.kernel import _plan_kernel
     from graphshard.plan.layout import PlanBuffers
@@ -115,7 +121,7 @@ def report(sampler_variants=REPORTED) -> list[dict]:
 
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
-        for vocab, dtype, m, k, bitmask, programs, with_finish in sampler_variants:
+        for vocab, dtype, m, k, bitmask, programs, kernels in sampler_variants:
             splits = -(-vocab // CHUNK_SIZE)
             finish = dict(PROGRAMS=grid.finish_programs(
                 1, splits, pool_size_for(splits, vocab, None), vocab, programs))
@@ -137,13 +143,13 @@ def report(sampler_variants=REPORTED) -> list[dict]:
             # (chunks per scan program, the finish's programs per row) of this batch; without a
             # bitmask also a large batch's (two chunks per program).
             groups = [(1, finish["PROGRAMS"])] + ([] if bitmask else [(2, 1)])
-            for group, programs in groups:
+            for group, programs in groups if "scan" in kernels else ():
                 rows.append(dict(tag, group=group, **_compile(
                     sampler._scan_kernel, common,
                     dict(shared, CHUNK=CHUNK_SIZE, GROUP=group,
                          NUCLEUS_WINNER=sampler.nucleus_winner(programs)),
                     num_warps, tmp, ALIGNED, **options)))
-            if not with_finish:
+            if "finish" not in kernels:
                 continue
             # A small batch's finish options (no register cap).
             options = grid.finish_options(1, finish["PROGRAMS"], grid.SCAN_BLOCK_SIZE)
@@ -152,6 +158,8 @@ def report(sampler_variants=REPORTED) -> list[dict]:
             rows.append(dict(tag, **_compile(
                 sampler._finish_kernel, common, dict(shared, SMALL_BLOCK=512, **finish), num_warps,
                 tmp, ALIGNED, **options)))
+        if not others:
+            return rows
         plan_args = {n: "*i32" for n in inspect.signature(_plan_kernel.fn).parameters}
         plan_args.update(plan=PlanBuffers(*["*i32"] * len(PlanBuffers._fields)),
                          max_num_reqs="i32", max_num_rows="i32", gather_stride="i32")
@@ -254,21 +262,23 @@ def test_every_kernel_has_a_cache_key_outside_the_interpreter():
 
 
 @pytest.mark.skipif(_ptxas() is None, reason="this Triton build ships no NVIDIA ptxas")
-def test_kernels_compile_for_sm90_and_the_scan_does_not_spill():
+@pytest.mark.parametrize("part, kernels", [
+    ("scans", {"_scan_kernel", "_plan_kernel", "_seal_kernel", "_judge_kernel",
+               "_push_rows_kernel", "_push_records_kernel", "_publish_kernel", "_fetch_kernel"}),
+    ("finish", {"_finish_kernel"}),
+], ids=["scans", "finish"])
+def test_kernels_compile_for_sm90_and_the_scan_does_not_spill(part, kernels):
     # Compiled, not interpreted: an explicit 0 also keeps graphshard from choosing the interpreter.
     env = dict(os.environ, TRITON_INTERPRET="0")
     env["TRITON_CACHE_DIR"] = tempfile.mkdtemp(prefix="graphshard-sm90-")
     # A finish variant takes ~225 s on a 2-core machine; three quarters of it is one Triton
     # pass, TritonGPUCoalesce (MLIR_ENABLE_TIMING=1), on a 19000-line TTIR with 99 tensor loads
     # and stores: its time grows with the kernel's size. So the test compiles one (TESTED).
-    done = subprocess.run([sys.executable, "-m", "tests.test_compile_sm90", "--json", "--tested"],
-                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=1800)
+    done = subprocess.run([sys.executable, "-m", "tests.test_compile_sm90", "--json", "--tested",
+                           part], cwd=ROOT, env=env, capture_output=True, text=True, timeout=1800)
     assert done.returncode == 0, done.stderr[-4000:]
     rows = json.loads(done.stdout.splitlines()[-1])
-    assert {r["kernel"] for r in rows} == {"_scan_kernel", "_finish_kernel", "_plan_kernel",
-                                           "_seal_kernel", "_judge_kernel", "_push_rows_kernel",
-                                           "_push_records_kernel", "_publish_kernel",
-                                           "_fetch_kernel"}
+    assert {r["kernel"] for r in rows} == kernels
     for r in rows:
         assert r["spill_bytes"] == 0 or r["kernel"] != "_scan_kernel", r
         if r["kernel"] == "_scan_kernel" and not r["bitmask"]:
@@ -279,7 +289,10 @@ if __name__ == "__main__":
     if "--keys" in sys.argv:
         print(json.dumps(cache_keys()))
         sys.exit()
-    result = report(TESTED if "--tested" in sys.argv else REPORTED)
+    if "--tested" in sys.argv:
+        result = report(*TESTED[sys.argv[sys.argv.index("--tested") + 1]])
+    else:
+        result = report(REPORTED)
     if "--json" in sys.argv:
         print(json.dumps(result))
     else:
