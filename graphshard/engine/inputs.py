@@ -78,29 +78,16 @@ class StepInputs:
         return logits is None or (num_logits > 0 and logits.data_ptr() == self._logits_ptr)
 
     def write_tensors(self, logits: torch.Tensor, drafts, bitmask, num_logits: int) -> None:
-        """Copy this rank's tensors in (stream-ordered, so a step in flight still reads its own):
-        on CUDA contiguous ones through the driver (`runtime.memcpy`), others by `copy_`."""
-        if self._copier is not None:
-            self._copy_in(logits, drafts, bitmask, num_logits)
-            return
-        with torch.no_grad():  # a grad-tracking shard must not give the static buffers a history
-            if not self.is_zero_copy(logits, num_logits):
-                self._view("logits", num_logits).copy_(logits, non_blocking=True)
-            if self.max_num_logits_per_req > 1:
-                self._write_drafts(drafts, num_logits)
-            if bitmask is not None:
-                self._view("bitmask", num_logits, bitmask.shape[1]).copy_(bitmask,
-                                                                          non_blocking=True)
-
-    def _copy_in(self, logits, drafts, bitmask, num_logits: int) -> None:
-        """`write_tensors` through the driver: each tensor's bytes are the leading bytes of its
-        buffer where it is contiguous (and a bitmask as wide as the buffer's rows). A copy the
-        driver refuses (a thread without the device's context current, say) takes `copy_`,
-        which raises what is wrong, if anything."""
-        copy, spans = self._copier, self._spans
+        """Copy this rank's tensors in (stream-ordered, so a step in flight still reads its own).
+        On CUDA each contiguous one goes through the driver (`runtime.memcpy`): its bytes are
+        the leading bytes of its buffer (a bitmask's where it is as wide as the buffer's rows).
+        The others, and a copy the driver refuses (a thread without the device's context
+        current, say), take `copy_`, which raises what is wrong, if anything."""
+        copy, spans = self._copier or _no_driver, self._spans
         if not self.is_zero_copy(logits, num_logits):
             if not (logits.is_contiguous()
                     and copy(self._logits_ptr, logits.data_ptr(), num_logits * self._row_bytes)):
+                # Detached: a grad-tracking shard must not give the static buffer a history.
                 self._view("logits", num_logits).copy_(logits.detach(), non_blocking=True)
         if self.max_num_logits_per_req > 1:
             if drafts is not None and drafts.is_contiguous() \
@@ -231,6 +218,11 @@ def _check_int32(name: str, value, shape: tuple, device: torch.device) -> None:
         raise InvalidBatchError(f"{name} must have shape {list(shape)}, got {list(value.shape)}")
     if value.device != device:
         raise InvalidBatchError(f"{name} is on {value.device}, the engine runs on {device}")
+
+
+def _no_driver(dst_ptr: int, src_ptr: int, nbytes: int) -> bool:
+    """`write_tensors`' copier off CUDA: it refuses every copy, so each takes `copy_`."""
+    return False
 
 
 def _span(t: torch.Tensor) -> tuple[int, int]:
