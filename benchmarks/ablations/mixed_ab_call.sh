@@ -1,11 +1,15 @@
 #!/usr/bin/env bash
 # One device call: the mixed workload (`benchmarks.mixed_steps`, every step checked against the
-# oracle) on two or more trees, and GPU tests on this checkout. Phase 1 (LIMIT seconds, default
-# 330) compiles each tree's engine by running a few untimed steps, each tree in a process and a
-# Triton cache of its own, while the test shards (TESTS, as tests_call.sh takes them) run beside
-# them; phase 2 times the trees one after another, alone on the GPU, from the caches phase 1
-# filled. Files under $OUT: mixed_<tree>.json and .txt, compile_<tree>.txt, tests_<n>.txt,
-# 0_log.txt and 0all.tgz.
+# oracle) on two or more trees, and GPU tests on this checkout. Phase 1 (LIMIT seconds in all,
+# default 330) compiles the trees' engines by running a few untimed steps, one tree after
+# another, into one Triton cache: an engine's capture already compiles its sampler variants on
+# every core, and trees whose sampler source is the same share every variant (the cache is keyed
+# by source), so the first tree's ~200 s on an H100 host are the phase's whole cost; compiled
+# side by side, each tree in a cache of its own, three trees had not finished in 420 s. The test
+# shards (TESTS, as tests_call.sh takes them) run beside phase 1 and take cores from it: give
+# LIMIT ~100 s more per busy shard, or run them in a call of their own. Phase 2 times the trees
+# one after another, alone on the GPU, from the cache phase 1 filled. Files under $OUT:
+# mixed_<tree>.json and .txt, compile_<tree>.txt, tests_<n>.txt, 0_log.txt and 0all.tgz.
 # TEST_LIMIT (default LIMIT) bounds the test shards. LAUNCH_TREE (one of the trees) then times
 # its eager step's sampler launches, plain and bound (`--launch-cost 100`, launch_<tree>.txt).
 # Usage: OUT=dir [TESTS="..."] [LIMIT=330] [TEST_LIMIT=s] [STEPS=300] [LAUNCH_TREE=tree]
@@ -13,30 +17,35 @@
 CACHE=.triton_cache_tests source "$(dirname "$0")/call_setup.sh"
 [[ $# -gt 0 ]] || { echo "usage: $0 TREE..." >&2; exit 2; }
 limit=${LIMIT:-330}
-compile_pids=()
+mixed_cache=/tmp/mixed_cache
+mkdir -p "$mixed_cache"
+declare -A compiled  # the trees whose compile finished: phase 2 times only these
+[[ -n ${TESTS:-} ]] && { IFS=';' read -ra shards <<< "$TESTS"; test_shards "${TEST_LIMIT:-$limit}" "${shards[@]}"; }
 for tree in "$@"; do
   name=$(basename "$tree")
-  mkdir -p "/tmp/mixed_cache_$name"
-  (cd "$tree" && TRITON_CACHE_DIR=/tmp/mixed_cache_$name timeout -k 5 "$limit" \
-     python3 -m benchmarks.mixed_steps --steps 3 --profile-steps 0 > "$OUT/compile_$name.txt" 2>&1
-   echo "compile $name rc=$? ${SECONDS}s" >> "$log") &
-  compile_pids+=($!)
+  left=$((limit - SECONDS))
+  ((left > 0)) || { echo "compile $name skipped: phase 1's ${limit}s spent" >> "$log"; continue; }
+  (cd "$tree" && TRITON_CACHE_DIR=$mixed_cache timeout -k 5 "$left" \
+     python3 -m benchmarks.mixed_steps --steps 3 --profile-steps 0 > "$OUT/compile_$name.txt" 2>&1)
+  rc=$?
+  echo "compile $name rc=$rc ${SECONDS}s" >> "$log"
+  ((rc == 0)) && compiled[$name]=1
 done
-[[ -n ${TESTS:-} ]] && { IFS=';' read -ra shards <<< "$TESTS"; test_shards "${TEST_LIMIT:-$limit}" "${shards[@]}"; }
 # Phase 2 waits for the tests too: they would share the GPU with the timed steps.
 wait
 grep -H -E "passed|failed|error" "$OUT"/tests_*.txt 2>/dev/null | grep -v "::" >> "$log"
 echo "phase 1 ${SECONDS}s" >> "$log"
 for tree in "$@"; do
   name=$(basename "$tree")
-  (cd "$tree" && TRITON_CACHE_DIR=/tmp/mixed_cache_$name timeout -k 5 150 \
+  [[ -n ${compiled[$name]:-} ]] || { echo "mixed $name skipped: not compiled" >> "$log"; continue; }
+  (cd "$tree" && TRITON_CACHE_DIR=$mixed_cache timeout -k 5 150 \
      python3 -m benchmarks.mixed_steps --steps "${STEPS:-300}" --profile-steps 0 --parts --verify \
      --out "$OUT/mixed_$name.json" > "$OUT/mixed_$name.txt" 2>&1
    echo "mixed $name rc=$? ${SECONDS}s" >> "$log")
 done
-if [[ -n ${LAUNCH_TREE:-} ]]; then
+if [[ -n ${LAUNCH_TREE:-} && -n ${compiled[$(basename "$LAUNCH_TREE")]:-} ]]; then
   name=$(basename "$LAUNCH_TREE")
-  (cd "$LAUNCH_TREE" && TRITON_CACHE_DIR=/tmp/mixed_cache_$name timeout -k 5 90 \
+  (cd "$LAUNCH_TREE" && TRITON_CACHE_DIR=$mixed_cache timeout -k 5 90 \
      python3 -m benchmarks.mixed_steps --steps 30 --profile-steps 0 --launch-cost 100 \
      > "$OUT/launch_$name.txt" 2>&1
    echo "launch cost $name rc=$? ${SECONDS}s" >> "$log")
