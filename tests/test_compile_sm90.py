@@ -17,7 +17,8 @@ kernel or a `@triton.constexpr_function`).
 
 Run alone: `python -m tests.test_compile_sm90` prints each kernel's registers, spills, shared
 memory and machine code bytes for the variants a GPU run launches (`REPORTED`; with `--tested
-scans` or `--tested finish`, a part of the test's), so a kernel change can be weighed on a CPU before a GPU times it.
+scans` or `--tested finish`, a part of the test's), so a kernel change can be weighed on a CPU
+before a GPU times it.
 """
 
 from __future__ import annotations

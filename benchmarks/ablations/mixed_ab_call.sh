@@ -20,13 +20,20 @@ limit=${LIMIT:-330}
 mixed_cache=/tmp/mixed_cache
 mkdir -p "$mixed_cache"
 declare -A compiled  # the trees whose compile finished: phase 2 times only these
+# mixed TREE SECONDS FILE ARGS...: `benchmarks.mixed_steps ARGS` in TREE from the shared cache,
+# for at most SECONDS, its output into FILE; returns its exit status.
+mixed() {
+  local tree=$1 seconds=$2 file=$3
+  shift 3
+  (cd "$tree" && TRITON_CACHE_DIR=$mixed_cache timeout -k 5 "$seconds" \
+     python3 -m benchmarks.mixed_steps --profile-steps 0 "$@" > "$file" 2>&1)
+}
 [[ -n ${TESTS:-} ]] && { IFS=';' read -ra shards <<< "$TESTS"; test_shards "${TEST_LIMIT:-$limit}" "${shards[@]}"; }
 for tree in "$@"; do
   name=$(basename "$tree")
   left=$((limit - SECONDS))
   ((left > 0)) || { echo "compile $name skipped: phase 1's ${limit}s spent" >> "$log"; continue; }
-  (cd "$tree" && TRITON_CACHE_DIR=$mixed_cache timeout -k 5 "$left" \
-     python3 -m benchmarks.mixed_steps --steps 3 --profile-steps 0 > "$OUT/compile_$name.txt" 2>&1)
+  mixed "$tree" "$left" "$OUT/compile_$name.txt" --steps 3
   rc=$?
   echo "compile $name rc=$rc ${SECONDS}s" >> "$log"
   ((rc == 0)) && compiled[$name]=1
@@ -38,16 +45,13 @@ echo "phase 1 ${SECONDS}s" >> "$log"
 for tree in "$@"; do
   name=$(basename "$tree")
   [[ -n ${compiled[$name]:-} ]] || { echo "mixed $name skipped: not compiled" >> "$log"; continue; }
-  (cd "$tree" && TRITON_CACHE_DIR=$mixed_cache timeout -k 5 150 \
-     python3 -m benchmarks.mixed_steps --steps "${STEPS:-300}" --profile-steps 0 --parts --verify \
-     --out "$OUT/mixed_$name.json" > "$OUT/mixed_$name.txt" 2>&1
-   echo "mixed $name rc=$? ${SECONDS}s" >> "$log")
+  mixed "$tree" 150 "$OUT/mixed_$name.txt" --steps "${STEPS:-300}" --parts --verify \
+    --out "$OUT/mixed_$name.json"
+  echo "mixed $name rc=$? ${SECONDS}s" >> "$log"
 done
 if [[ -n ${LAUNCH_TREE:-} && -n ${compiled[$(basename "$LAUNCH_TREE")]:-} ]]; then
   name=$(basename "$LAUNCH_TREE")
-  (cd "$LAUNCH_TREE" && TRITON_CACHE_DIR=$mixed_cache timeout -k 5 90 \
-     python3 -m benchmarks.mixed_steps --steps 30 --profile-steps 0 --launch-cost 100 \
-     > "$OUT/launch_$name.txt" 2>&1
-   echo "launch cost $name rc=$? ${SECONDS}s" >> "$log")
+  mixed "$LAUNCH_TREE" 90 "$OUT/launch_$name.txt" --steps 30 --launch-cost 100
+  echo "launch cost $name rc=$? ${SECONDS}s" >> "$log"
 fi
 close_call
