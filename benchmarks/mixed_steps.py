@@ -2,6 +2,7 @@
 
 Usage: python3 -m benchmarks.mixed_steps [--steps 300] [--seed 11] [--profile-steps 100]
        [--parts] [--verify] [--launch-cost ROUNDS] [--out mixed.json]
+       python3 -m benchmarks.mixed_steps --compare BASE.json[.gz] OTHER.json[.gz]
 
 The workload and config are those of `tests/gpu/test_engine_gpu.py::test_mixed_workload_equals_oracle`
 (V = 32000 bf16, up to 96 requests of up to 3 rows, buckets up to 64, mixed sampling parameters,
@@ -13,11 +14,17 @@ Per step it records the batch (requests, rows, bitmask, graph or eager), the hos
 the whole step, and the rows that left the sampler's candidate path (`SamplerWorkspace.paths`,
 read after the step is timed). It prints the step p50 by kind of step and by slow path, then, for
 `--profile-steps` more steps under torch.profiler, each kernel's device µs per step (CUPTI).
+
+`--compare` (no GPU needed) pairs two runs' timed steps, which are the same batches for the same
+seed and step count, and prints the median of the per-step differences (OTHER - BASE) of the
+step, its issue time and each host part: a host's drift between two runs moves every part, a
+change moves its own.
 """
 
 from __future__ import annotations
 
 import argparse
+import gzip
 import json
 import time
 from collections import defaultdict
@@ -235,6 +242,27 @@ def summary(result: dict) -> str:
     return "\n".join(lines)
 
 
+def load(path: str) -> dict:
+    """A result written by `--out`, gzipped or not."""
+    with (gzip.open if path.endswith(".gz") else open)(path, "rt") as f:
+        return json.load(f)
+
+
+def paired(base: dict, other: dict) -> dict[str, tuple[int, float]]:
+    """Per quantity (step, issue, each host part): over the timed steps where both runs have it,
+    (how many, the median of OTHER - BASE in µs). Raises where the runs' batches differ."""
+    a, b = base["steps"], other["steps"]
+    if [(s["n"], s["rows"], s["eager"]) for s in a] != [(s["n"], s["rows"], s["eager"]) for s in b]:
+        raise ValueError("the two runs did not step the same batches (seed or step count differ)")
+    diffs = defaultdict(list)
+    for s, t in list(zip(a, b))[warm_up(a):]:
+        diffs["step"].append(t["step_us"] - s["step_us"])
+        diffs["issue"].append(t["issue_us"] - s["issue_us"])
+        for name in s.get("parts", {}).keys() & t.get("parts", {}).keys():
+            diffs[name].append(t["parts"][name] - s["parts"][name])
+    return {name: (len(d), float(np.median(d))) for name, d in sorted(diffs.items())}
+
+
 def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--steps", type=int, default=300)
@@ -247,7 +275,15 @@ def main(argv=None) -> None:
     ap.add_argument("--launch-cost", type=int, default=0, metavar="ROUNDS",
                     help="then time each launch of an eager step's sampler call, plain and bound")
     ap.add_argument("--out", default=None)
+    ap.add_argument("--compare", nargs=2, metavar=("BASE", "OTHER"),
+                    help="print the paired per-step differences of two --out files, then exit")
     args = ap.parse_args(argv)
+    if args.compare:
+        base, other = map(load, args.compare)
+        print(f"median of per-step differences, {args.compare[1]} - {args.compare[0]} (µs):")
+        for name, (count, median) in paired(base, other).items():
+            print(f"  {name:28} {count:4d} x {median:+8.1f}")
+        return
     if not torch.cuda.is_available():
         raise SystemExit("mixed_steps needs a CUDA GPU")
     result = run(args.steps, args.seed, args.profile_steps, args.parts, args.verify,

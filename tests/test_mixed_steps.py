@@ -2,6 +2,11 @@
 steps are timed, their host parts recorded and every step checked against the oracle; the
 summary groups them."""
 
+import gzip
+import json
+
+import pytest
+
 from benchmarks import mixed_steps
 
 SMALL = mixed_steps.MIXED.replace(vocab_size=300, max_num_reqs=6, max_num_slots=12,
@@ -28,3 +33,31 @@ def test_steps_are_timed_split_into_parts_and_verified():
     graph = next(line for line in text.splitlines() if line.startswith("graph "))
     timed = steps[mixed_steps.warm_up(steps):]
     assert int(graph.split()[1]) == sum(not s["eager"] for s in timed)
+
+
+def _run(step_us, fetch_us, n=(3, 5, 2, 4, 6, 1, 2, 3, 5, 4, 6, 2)):
+    return {"steps": [{"n": k, "rows": k, "eager": k > 4, "step_us": s, "issue_us": s / 2,
+                       "parts": {"inputs.fetch": f} if k > 4 else {}}
+                      for k, s, f in zip(n, step_us, fetch_us)]}
+
+
+def test_paired_differences_are_taken_step_by_step_after_the_warm_up(tmp_path):
+    base = _run([100.0 + 10 * i for i in range(12)], [50.0] * 12)
+    # Every step 4 µs slower but the first (a warm-up step), fetches 20 µs faster.
+    other = _run([100.0 + 10 * i + (500 if i == 0 else 4) for i in range(12)], [30.0] * 12)
+    result = mixed_steps.paired(base, other)
+    timed = 12 - mixed_steps.warm_up(base["steps"])
+    assert result["step"] == (timed, 4.0) and result["issue"] == (timed, 2.0)
+    eager = sum(s["n"] > 4 for s in base["steps"][mixed_steps.warm_up(base["steps"]):])
+    assert result["inputs.fetch"] == (eager, -20.0)
+    path = tmp_path / "other.json.gz"
+    with gzip.open(path, "wt") as f:
+        json.dump(other, f)
+    assert mixed_steps.load(str(path)) == other
+
+
+def test_runs_of_other_batches_are_not_paired():
+    base = _run([100.0] * 12, [50.0] * 12)
+    other = _run([100.0] * 12, [50.0] * 12, n=(4, 5, 2, 4, 6, 1, 2, 3, 5, 4, 6, 2))
+    with pytest.raises(ValueError, match="same batches"):
+        mixed_steps.paired(base, other)

@@ -48,6 +48,7 @@ import triton
 import triton.language as tl
 
 from graphshard.runtime.launch import Launch, bound, launch
+from graphshard.runtime.memcpy import host_copier
 from graphshard.runtime.pdl import lead_dependents
 
 HEADER = 8  # step (2 words), num_reqs, bitmask_on, the inputs flags and the slots digest (2 each)
@@ -171,7 +172,12 @@ class Staging:
         self._bytes = memoryview(host).cast("B")
         self._words64 = self._bytes.cast("q")
         self._row_slices = host.reshape(-1, 2, SLICE)
-        self._pulls: dict = {}  # `pull`'s views, by max_reqs
+        self._pulls: dict = {}  # `pull`'s (copies, rows, bytes), by max_reqs
+        # The pull through the driver (15-28 µs of host time less than `copy_` an eager step on
+        # an H200 host): the rows are pinned, so a capture takes it as the copy node `copy_`
+        # would make.
+        self._copier = host_copier(device)
+        self._copies_ptr, self._rows_ptr = self.copies.data_ptr(), self.rows.data_ptr()
         self._fetches: dict = {}  # `fetch`'s launches, by (max_reqs, pdl_next)
 
     def views(self) -> tuple[torch.Tensor, ...]:
@@ -230,11 +236,13 @@ class Staging:
         """The step's first operation: the leading slices of both host rows that a step of at
         most `max_reqs` requests (default: max_num_reqs) uses, into `copies` (stream-ordered; a
         copy node in a captured graph, which reads the rows as they are at replay)."""
-        views = self._pulls.get(max_reqs)
-        if views is None:  # sliced once per size: slicing costs microseconds a step
+        pulled = self._pulls.get(max_reqs)
+        if pulled is None:  # sliced once per size: slicing costs microseconds a step
             words = self._pulled(max_reqs)
-            views = self._pulls[max_reqs] = (self.copies[:words], self.rows[:words])
-        views[0].copy_(views[1], non_blocking=True)
+            pulled = self._pulls[max_reqs] = (self.copies[:words], self.rows[:words], 4 * words)
+        copies, rows, nbytes = pulled
+        if self._copier is None or not self._copier(self._copies_ptr, self._rows_ptr, nbytes):
+            copies.copy_(rows, non_blocking=True)
 
     def _pulled(self, max_reqs: int | None) -> int:
         if max_reqs is None:

@@ -11,5 +11,5 @@ __getattr__, __dir__, __all__ = lazy_exports(__name__, {
     "launch": ("Launch", "bound", "bound_arguments", "check_int32_vector", "compile_launches",
                "compile_workers", "compiles_kernels", "deferred_launches", "launch", "recorded",
                "specialization_key"),
-    "memcpy": ("DeviceCopier", "device_copier"),
+    "memcpy": ("DeviceCopier", "device_copier", "host_copier"),
 })

@@ -59,3 +59,30 @@ def test_write_tensors_takes_the_driver_path_and_writes_what_copy_writes():
         assert torch.equal(fast.draft_token_ids, slow.draft_token_ids)
         assert torch.equal(fast.grammar_bitmask, slow.grammar_bitmask)
     print(f"driver refusals: {fast._copier.refused}")
+
+
+def test_the_staging_pull_through_the_driver_is_captured_and_reads_the_rows_at_replay():
+    from graphshard.plan.staging import Staging
+
+    device = torch.device("cuda", torch.cuda.current_device())
+    staging = Staging(16, device)
+    assert staging._copier is not None
+    host = staging.rows.numpy()
+    stream = torch.cuda.Stream()
+    with torch.cuda.stream(stream):
+        staging.pull(4)  # warm the views before the capture
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph, stream=stream):
+            staging.pull(4)
+    used = staging._pulls[4][2] // 4
+    for value in (7, -3):
+        host[:] = value  # after the capture: a replay copies what the rows hold now
+        graph.replay()
+        torch.cuda.synchronize()
+        assert bool((staging.copies[:used] == value).all())
+        assert bool((staging.copies[used:] != value).all())
+    host[:] = 11
+    staging.pull()  # eager, the whole rows
+    torch.cuda.synchronize()
+    assert bool((staging.copies == 11).all())
+    assert staging._copier.refused is None
