@@ -22,14 +22,13 @@ from __future__ import annotations
 
 import argparse
 import ctypes
-import ctypes.util
 import json
 import time
 
 import numpy as np
 import torch
 
-from graphshard.runtime.memcpy import _raw_stream, device_copier
+from graphshard.runtime.memcpy import _raw_stream, device_copier, driver_entry
 
 # CUmemcpySrcAccessOrder: the source is read in stream order, behind the kernels that wrote it.
 SRC_ACCESS_ORDER_STREAM = 1
@@ -50,12 +49,10 @@ class BatchCopy:
     `fn` and `stream` stand in for the driver's entry point and the stream handle (tests)."""
 
     def __init__(self, device: torch.device, capacity: int = 3, fn=None, stream=None):
+        fn = fn or driver_entry(device, "cuMemcpyBatchAsync_v2", (ctypes.c_void_p,) * 3 + (
+            ctypes.c_size_t, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_size_t, ctypes.c_void_p))
         if fn is None:
-            lib = ctypes.CDLL(ctypes.util.find_library("cuda") or "libcuda.so.1")
-            fn = lib.cuMemcpyBatchAsync_v2  # AttributeError on a driver before CUDA 13
-            fn.argtypes = (ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_size_t,
-                           ctypes.c_void_p, ctypes.c_void_p, ctypes.c_size_t, ctypes.c_void_p)
-            fn.restype = ctypes.c_int
+            raise RuntimeError("the driver lacks cuMemcpyBatchAsync_v2 (CUDA 13)")
         self._fn = fn
         self._stream = stream or _raw_stream(device)
         self.dsts = (ctypes.c_uint64 * capacity)()
@@ -82,12 +79,11 @@ def run(rounds: int, rows: int) -> dict:
     dst = [torch.empty_like(t) for t in _tensors(rows, device, 0)]
     sources = [_tensors(rows, device, seed) for seed in range(1, 5)]
     copier = device_copier(device)
-    ways = {"copy_": None, "driver": None}
+    ways = ["copy_", "driver"]
     try:
         batch = BatchCopy(device)
-        ways["batch"] = None
-    except (OSError, AttributeError) as e:
-        batch = None
+        ways.append("batch")
+    except RuntimeError as e:
         print(f"no batch copy: {e}")
 
     def copy_(src):
@@ -112,7 +108,7 @@ def run(rounds: int, rows: int) -> dict:
     junk = np.random.default_rng(0).random(1 << 21)  # 16 MB
     torch.cuda.synchronize()
     for r in range(rounds):
-        for way in (ways if r % 2 == 0 else reversed(list(ways))):
+        for way in (ways if r % 2 == 0 else ways[::-1]):
             src = sources[r % len(sources)]
             junk.sum()
             torch.cuda.synchronize()
@@ -128,8 +124,8 @@ def run(rounds: int, rows: int) -> dict:
                     d.zero_()
     warm = rounds // 10
     return {"device": torch.cuda.get_device_name(device), "rows": rows,
-            "us": {way: {"p50": float(np.median(v[warm:])), "p90": float(np.percentile(v[warm:], 90))}
-                   for way, v in spent.items()}}
+            "us": {way: {"p50": float(np.median(v[warm:])),
+                         "p90": float(np.percentile(v[warm:], 90))} for way, v in spent.items()}}
 
 
 def main(argv=None) -> None:

@@ -56,16 +56,22 @@ def host_copier(device: torch.device) -> DeviceCopier | None:
 
 
 def _copier(device: torch.device, name: str) -> DeviceCopier | None:
+    memcpy = driver_entry(device, name, (ctypes.c_uint64, ctypes.c_uint64, ctypes.c_size_t,
+                                         ctypes.c_void_p))
+    return None if memcpy is None else DeviceCopier(device, memcpy)
+
+
+def driver_entry(device: torch.device, name: str, argtypes: tuple):
+    """The driver's entry point `name` (returning a CUresult, taking `argtypes`) for a CUDA
+    `device`, or None off CUDA, where the driver library does not load or lacks it."""
     if device.type != "cuda" or not torch.cuda.is_available():
         return None
     try:
-        lib = ctypes.CDLL(ctypes.util.find_library("cuda") or _LIBRARY)
-        memcpy = getattr(lib, name)
+        fn = getattr(ctypes.CDLL(ctypes.util.find_library("cuda") or _LIBRARY), name)
     except (OSError, AttributeError):
         return None
-    memcpy.argtypes = (ctypes.c_uint64, ctypes.c_uint64, ctypes.c_size_t, ctypes.c_void_p)
-    memcpy.restype = ctypes.c_int
-    return DeviceCopier(device, memcpy)
+    fn.argtypes, fn.restype = argtypes, ctypes.c_int
+    return fn
 
 
 def _raw_stream(device: torch.device) -> Callable[[], int]:
