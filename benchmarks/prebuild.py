@@ -35,7 +35,6 @@ from __future__ import annotations
 
 import argparse
 import hashlib
-import json
 import multiprocessing
 import os
 import queue
@@ -49,6 +48,7 @@ import triton
 from triton import knobs
 from triton.backends.compiler import GPUTarget
 
+from benchmarks.cache_pack import relocate
 from benchmarks.profile_kernels import parse_args, sampler_calls
 from graphshard.sample.kernels import _finish_kernel, _scan_kernel
 
@@ -176,29 +176,6 @@ def key_for_library(libtriton: Path) -> None:
         raise RuntimeError("this Triton's cache key no longer hashes its library as expected")
     swapped = key.replace(ours, sha256(libtriton))
     cache.triton_key = lambda: swapped
-
-
-# What a launch loads from a cache entry: the metadata and the machine code (`CompiledKernel`).
-KEPT_SUFFIXES = (".json", ".cubin")
-
-
-def relocate(cache_dir: Path) -> tuple[int, int]:
-    """Point every cache entry's group file at `cache_dir` and delete the files a launch does not
-    load; returns (entries, bytes left)."""
-    entries = 0
-    for group in cache_dir.glob("*/__grp__*.json"):
-        children = json.loads(group.read_text())["child_paths"]
-        kept = {}
-        for name in children:
-            path = group.parent / name
-            if path.suffix in KEPT_SUFFIXES:
-                kept[name] = str(path.resolve())
-            else:
-                path.unlink(missing_ok=True)
-        group.write_text(json.dumps({"child_paths": kept}))
-        entries += 1
-    size = sum(f.stat().st_size for f in cache_dir.rglob("*") if f.is_file())
-    return entries, size
 
 
 def main(argv=None):

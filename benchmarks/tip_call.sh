@@ -30,8 +30,10 @@
 #             without bitmask support, in parallel shards of one pytest process each: they
 #             compile their own variants, one core a process (not in the default PARTS).
 # Usage: OUT=dir [TRITON_CACHE_DIR=.triton_cache_tip] [BUDGET=560] [PARTS="variants gpu_tests
-#        bench"] bash benchmarks/tip_call.sh
-# Build the cache first (benchmarks/ablations/README.md, "Queued for the next GPU run").
+#        bench"] [PACKS=".triton_pack/NAME ..."] bash benchmarks/tip_call.sh
+# Build the cache first (benchmarks/ablations/README.md, "Queued for the next GPU run"), and
+# carry it in as it is or packed (`packs.sh`: PACKS unpacked into the root before the run).
+# Where the call compiled new entries into TRITON_CACHE_DIR, they come back as $OUT/0pack_tip.NN.
 # Files under $OUT: times.txt (clocks, cache relocation, each part's end and exit status),
 # variants_32000.json and .txt, variants_32000_large.json and .txt, timeline_default.json
 # (and .txt), gpu_tests_<shard>.txt, kernels_logprobs.json (and .txt), counters.tgz and
@@ -48,7 +50,10 @@ mkdir -p "$TRITON_CACHE_DIR" && TRITON_CACHE_DIR=$(cd "$TRITON_CACHE_DIR" && pwd
 budget=${BUDGET:-560}
 log=$OUT/times.txt
 nvidia-smi --query-gpu=name,clocks.sm,clocks.mem --format=csv > "$log" 2>&1
+source benchmarks/packs.sh
+unpack_packs
 python3 -m benchmarks.prebuild --relocate >> "$log" 2>&1
+cached=$(cache_entries "$TRITON_CACHE_DIR")
 SECONDS=0
 left() { local t=$(( budget - SECONDS )); (( t > 5 )) && echo $t || echo 5; }
 part() {  # part NAME SHARE_OF_WHAT_IS_LEFT(%) COMMAND...
@@ -109,6 +114,9 @@ for name in $parts; do
          "logprobs, sampling, kernel_tests)" >> "$log" ;;
   esac
 done
+bring_back tip "$TRITON_CACHE_DIR" "$cached"
 cat "$log"
-# A call brings back only a few files (alphabetically first): all.tgz holds every one of them.
-tmp=$(mktemp) && tar czf "$tmp" -C "$OUT" --exclude=all.tgz . && mv "$tmp" "$OUT/all.tgz"
+# A call brings back only a few files (alphabetically first): all.tgz holds every one of them
+# but the pack.
+tmp=$(mktemp) && tar czf "$tmp" -C "$OUT" --exclude=all.tgz --exclude='0pack_*' . \
+  && mv "$tmp" "$OUT/all.tgz"

@@ -1,9 +1,10 @@
 # Sourced by this folder's device-call scripts: OUT made absolute, the repository root as the
 # working directory (R), the collective library settings every process keeps, the Triton cache
-# CACHE (a folder of the root, carried into the call) relocated to where it now lies, the GPU
-# and the relocation logged to $OUT/0_log.txt ($log), and SECONDS started. Also helpers:
-# `test_shards`, `warm_rows`, `path_probe`, `warm32_pdl`, `step32_compile`, `step32_pdl` and
-# `close_call`.
+# CACHE (a folder of the root, carried into the call or unpacked from PACKS: `../packs.sh`)
+# relocated to where it now lies, the GPU and the relocation logged to $OUT/0_log.txt ($log), and
+# SECONDS started. Also helpers: `test_shards`, `warm_rows`, `path_probe`, `warm32_pdl`,
+# `step32_compile`, `step32_pdl`, `close_call`, and `../packs.sh`'s `cache_entries` and
+# `bring_back`.
 set -u
 OUT=$(mkdir -p "${OUT:?set OUT}" && cd "$OUT" && pwd) || exit 2
 cd "$(dirname "${BASH_SOURCE[0]}")/../.."
@@ -12,6 +13,8 @@ R=$PWD
 export TRITON_CACHE_DIR=$R/${CACHE:?set CACHE}
 log=$OUT/0_log.txt
 nvidia-smi --query-gpu=name,uuid,clocks.sm,clocks.mem --format=csv > "$log" 2>&1
+source "$R/benchmarks/packs.sh"
+unpack_packs
 python3 -m benchmarks.prebuild --relocate >> "$log" 2>&1
 SECONDS=0
 
@@ -103,12 +106,12 @@ step32_pdl() {
   done
 }
 
-# close_call: wait for the test shards, log their summaries, put every file of $OUT into
-# $OUT/0all.tgz (a call brings back only a few files) and print the log.
+# close_call: wait for the test shards, log their summaries, put every file of $OUT but the
+# packs into $OUT/0all.tgz (a call brings back only a few files) and print the log.
 close_call() {
   wait
   grep -H -E "passed|failed|error" "$OUT"/tests_*.txt 2>/dev/null | grep -v "::" >> "$log"
   echo "tests ${SECONDS}s" >> "$log"
-  tar czf "$OUT/0all.tgz" -C "$OUT" --exclude=0all.tgz .
+  tar czf "$OUT/0all.tgz" -C "$OUT" --exclude=0all.tgz --exclude='0pack_*' .
   cat "$log"
 }

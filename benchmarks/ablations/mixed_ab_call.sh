@@ -11,17 +11,23 @@
 # LIMIT ~100 s more per busy shard, or run them in a call of their own. Phase 2 times the trees
 # one after another, alone on the GPU, from the cache phase 1 filled, then pairs each timed
 # tree's steps with the first's (`mixed_steps --compare`). The cache lies in the machine's /tmp:
-# a call on the same warm machine compiles nothing again. Files under $OUT: mixed_<tree>.json
-# and .txt, paired_<tree>.txt, compile_<tree>.txt, tests_<n>.txt, 0_log.txt and 0all.tgz.
+# a call on the same warm machine compiles nothing again, and a call that compiled brings the
+# cache back as $OUT/0pack_mixed.NN: copied to .triton_pack/mixed.NN here and carried in with
+# MIXED_PACK=.triton_pack/mixed, a later call's trees of the same kernels compile nothing. Files
+# under $OUT: mixed_<tree>.json and .txt, paired_<tree>.txt, compile_<tree>.txt, tests_<n>.txt,
+# 0_log.txt, 0all.tgz and the pack.
 # TEST_LIMIT (default LIMIT) bounds the test shards. LAUNCH_TREE (one of the trees) then times
 # its eager step's sampler launches, plain and bound (`--launch-cost 100`, launch_<tree>.txt).
 # Usage: OUT=dir [TESTS="..."] [LIMIT=420] [TEST_LIMIT=s] [STEPS=300] [LAUNCH_TREE=tree]
-#        bash benchmarks/ablations/mixed_ab_call.sh TREE...
+#        [MIXED_PACK=.triton_pack/mixed] bash benchmarks/ablations/mixed_ab_call.sh TREE...
 CACHE=.triton_cache_tests source "$(dirname "$0")/call_setup.sh"
 [[ $# -gt 0 ]] || { echo "usage: $0 TREE..." >&2; exit 2; }
 limit=${LIMIT:-420}
 mixed_cache=/tmp/mixed_cache
 mkdir -p "$mixed_cache"
+[[ -n ${MIXED_PACK:-} ]] && { python3 -m benchmarks.cache_pack unpack "$MIXED_PACK" --into /tmp \
+  >> "$log" 2>&1 || echo "unpack $MIXED_PACK failed" >> "$log"; }
+cached=$(cache_entries "$mixed_cache")
 declare -A compiled  # the trees whose compile finished: phase 2 times only these
 # mixed TREE SECONDS FILE ARGS...: `benchmarks.mixed_steps ARGS` in TREE from the shared cache,
 # for at most SECONDS, its output into FILE; returns its exit status.
@@ -63,4 +69,5 @@ if [[ -n ${LAUNCH_TREE:-} && -n ${compiled[$(basename "$LAUNCH_TREE")]:-} ]]; th
   mixed "$LAUNCH_TREE" 90 "$OUT/launch_$name.txt" --steps 30 --launch-cost 100
   echo "launch cost $name rc=$? ${SECONDS}s" >> "$log"
 fi
+bring_back mixed "$mixed_cache" "$cached"
 close_call
