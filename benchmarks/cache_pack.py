@@ -8,14 +8,15 @@ shard for 180-400 s. Triton keys each cache entry by the kernel's source and the
 a cache built once answers every later call of the same kernels, on any machine with the same
 Triton and GPU architecture (H100 and H200 are both sm_90), whatever else changed.
 
-    python3 -m benchmarks.cache_pack pack STEM DIR... [--preset 1] [--part-mib 15]
+    python3 -m benchmarks.cache_pack pack STEM DIR... [--preset 1] [--gzip] [--part-mib 15]
     python3 -m benchmarks.cache_pack unpack STEM [--into DIR]
 
 `pack` prunes each cache folder to what a launch loads (`relocate`) and writes one tar.xz of
-them, cut into parts `STEM.00`, `STEM.01`, ... of at most `--part-mib` each; each folder is
-stored under its own name. `unpack` joins the parts, extracts the folders into `--into`
-(default: here), merging into folders already there (entries are named by their keys), and
-points their entries at where they now lie. xz at preset 1 packs the sampler caches ~6x in
+them (tar.gz with `--gzip`, or where Python lacks `lzma`), cut into parts `STEM.00`,
+`STEM.01`, ... of at most `--part-mib` each; each folder is stored under its own name.
+`unpack` joins the parts, extracts the folders into `--into` (default: here), merging into
+folders already there (entries are named by their keys), and points their entries at where
+they now lie. xz at preset 1 packs the sampler caches ~6x in
 seconds; preset 6 a third smaller again, ten times slower (for packs built ahead, not on a
 GPU's time).
 """
@@ -23,16 +24,23 @@ GPU's time).
 from __future__ import annotations
 
 import argparse
+import gzip
 import io
 import json
-import lzma
 import sys
 import tarfile
 from pathlib import Path
 
+try:
+    import lzma
+except ImportError:  # a Python built without it: packs are gzipped, which every build reads
+    lzma = None
+
 # What a launch loads from a cache entry: the metadata and the machine code (`CompiledKernel`).
 KEPT_SUFFIXES = (".json", ".cubin")
 PART_MIB = 15  # a call brings back files of up to 16 MiB
+# What a broken or truncated pack raises.
+_ERRORS = (OSError, ValueError, EOFError, tarfile.TarError) + ((lzma.LZMAError,) if lzma else ())
 
 
 def relocate(cache_dir: Path) -> tuple[int, int]:
@@ -105,8 +113,10 @@ def _remove_parts(stem: Path) -> None:
         old.unlink()
 
 
-def pack(stem: Path, dirs: list[Path], preset: int = 1, part_mib: float = PART_MIB) -> list[Path]:
-    """Prune each cache folder and write them all as parts of one tar.xz; returns the parts."""
+def pack(stem: Path, dirs: list[Path], preset: int = 1, part_mib: float = PART_MIB,
+         use_gzip: bool = False) -> list[Path]:
+    """Prune each cache folder and write them all as parts of one tar.xz (tar.gz with
+    `use_gzip` or without `lzma`); returns the parts."""
     if not dirs:
         raise ValueError("name at least one cache folder")
     names = [d.resolve().name for d in dirs]
@@ -119,7 +129,11 @@ def pack(stem: Path, dirs: list[Path], preset: int = 1, part_mib: float = PART_M
     stem.parent.mkdir(parents=True, exist_ok=True)
     _remove_parts(stem)
     parts = _Parts(stem, int(part_mib * 2**20))
-    with lzma.open(parts, "wb", preset=preset) as xz, tarfile.open(fileobj=xz, mode="w|") as tar:
+    if use_gzip or lzma is None:
+        compressed = gzip.GzipFile(fileobj=parts, mode="wb", compresslevel=max(preset, 1))
+    else:
+        compressed = lzma.open(parts, "wb", preset=preset)
+    with compressed, tarfile.open(fileobj=compressed, mode="w|") as tar:
         for d, name in zip(dirs, names):
             tar.add(d, arcname=name)
     parts.close()
@@ -159,8 +173,8 @@ def unpack(stem: Path, into: Path = Path(".")) -> dict[str, tuple[int, int]]:
     paths = part_paths(stem)
     into.mkdir(parents=True, exist_ok=True)
     folders = set()
-    with _Joined(paths) as joined, lzma.open(joined) as xz, \
-            tarfile.open(fileobj=xz, mode="r|") as tar:
+    # "r|*": the compression (xz or gzip) is read from the stream.
+    with _Joined(paths) as joined, tarfile.open(fileobj=joined, mode="r|*") as tar:
         for member in tar:
             folders.add(Path(member.name).parts[0])
             # The data filter refuses absolute paths, links out of `into` and device files.
@@ -175,6 +189,7 @@ def main(argv=None) -> None:
     p.add_argument("stem", type=Path)
     p.add_argument("dirs", type=Path, nargs="+")
     p.add_argument("--preset", type=int, default=1, choices=range(10))
+    p.add_argument("--gzip", action="store_true", help="gzip instead of xz")
     p.add_argument("--part-mib", type=float, default=PART_MIB)
     u = verbs.add_parser("unpack", help="extract a pack's cache folders and point them there")
     u.add_argument("stem", type=Path)
@@ -182,13 +197,13 @@ def main(argv=None) -> None:
     opts = parser.parse_args(argv)
     try:
         if opts.verb == "pack":
-            paths = pack(opts.stem, opts.dirs, opts.preset, opts.part_mib)
+            paths = pack(opts.stem, opts.dirs, opts.preset, opts.part_mib, opts.gzip)
             size = sum(p.stat().st_size for p in paths)
             print(f"{opts.stem}: {len(paths)} parts, {size / 2**20:.1f} MiB")
         else:
             for name, (entries, size) in unpack(opts.stem, opts.into).items():
                 print(f"{opts.into / name}: {entries} cache entries, {size / 2**20:.1f} MiB")
-    except (OSError, ValueError, tarfile.TarError, lzma.LZMAError) as e:
+    except _ERRORS as e:
         sys.exit(f"cache_pack {opts.verb}: {e}")
 
 

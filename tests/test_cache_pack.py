@@ -79,6 +79,18 @@ def test_unpack_merges_into_a_cache_already_there_and_a_new_pack_replaces_old_pa
     assert {d.name for d in (tmp_path / "dst" / "c").iterdir()} == {"K1", "K2", "LAUNCHER"}
 
 
+def test_gzip_packs_unpack_alike_and_a_truncated_pack_is_refused(tmp_path):
+    cache = _cache(tmp_path / "src", "c", ["K1", "K2"])
+    parts = cache_pack.pack(tmp_path / "pk", [cache], part_mib=4 / 1024, use_gzip=True)
+    assert parts[0].read_bytes()[:2] == b"\x1f\x8b"  # gzip's magic
+    assert cache_pack.unpack(tmp_path / "pk", tmp_path / "dst")["c"][0] == 2
+    assert _files(tmp_path / "dst" / "c") == _files(cache)
+    # The last part cut short: the stream ends inside a member.
+    parts[-1].write_bytes(parts[-1].read_bytes()[:100])
+    with pytest.raises(SystemExit, match="cache_pack unpack: "):
+        cache_pack.main(["unpack", str(tmp_path / "pk"), "--into", str(tmp_path / "again")])
+
+
 def test_refuses_missing_parts_folders_and_names(tmp_path):
     cache = _cache(tmp_path, "c", ["K1"])
     with pytest.raises(FileNotFoundError, match="no pack"):
