@@ -119,12 +119,15 @@ def pack(stem: Path, dirs: list[Path], preset: int = 1, part_mib: float = PART_M
     `use_gzip` or without `lzma`); returns the parts."""
     if not dirs:
         raise ValueError("name at least one cache folder")
+    if not part_mib > 0:
+        raise ValueError(f"parts must hold more than 0 MiB, not {part_mib}")
     names = [d.resolve().name for d in dirs]
     if len(set(names)) != len(names):
         raise ValueError(f"cache folders must have distinct names, not {names}")
+    missing = [str(d) for d in dirs if not d.is_dir()]
+    if missing:
+        raise FileNotFoundError(f"no cache folder {', '.join(missing)}")
     for d in dirs:
-        if not d.is_dir():
-            raise FileNotFoundError(f"no cache folder {d}")
         relocate(d)
     stem.parent.mkdir(parents=True, exist_ok=True)
     _remove_parts(stem)

@@ -104,6 +104,8 @@ def test_refuses_missing_parts_folders_and_names(tmp_path):
         cache_pack.pack(tmp_path / "pk", [cache, tmp_path / "x" / "c"])
     with pytest.raises(FileNotFoundError, match="no cache folder"):
         cache_pack.pack(tmp_path / "pk", [tmp_path / "absent"])
+    with pytest.raises(ValueError, match="more than 0 MiB"):
+        cache_pack.pack(tmp_path / "pk", [cache], part_mib=0)
     with pytest.raises(ValueError, match="at least one"):
         cache_pack.pack(tmp_path / "pk", [])
 
