@@ -16,9 +16,8 @@ them (tar.gz with `--gzip`, or where Python lacks `lzma`), cut into parts `STEM.
 `STEM.01`, ... of at most `--part-mib` each; each folder is stored under its own name.
 `unpack` joins the parts, extracts the folders into `--into` (default: here), merging into
 folders already there (entries are named by their keys), and points their entries at where
-they now lie. xz at preset 1 packs the sampler caches ~6x in
-seconds; preset 6 a third smaller again, ten times slower (for packs built ahead, not on a
-GPU's time).
+they now lie. xz at preset 1 packs the sampler caches ~6x in seconds; preset 6 a third
+smaller again, ten times slower (for packs built ahead, not on a GPU's time).
 """
 
 from __future__ import annotations

@@ -5,12 +5,16 @@
 # .triton_pack and set PACKS=".triton_pack/NAME ..." (each unpacked into the root, where its
 # cache folder lies under the name it had).
 
-# unpack_packs: each stem of PACKS unpacked into the root, logged.
+# unpack_pack STEM [INTO]: the pack STEM unpacked into INTO (default: the root), logged.
+unpack_pack() {
+  python3 -m benchmarks.cache_pack unpack "$1" --into "${2:-.}" >> "$log" 2>&1 \
+    || echo "unpack $1 failed" >> "$log"
+}
+
+# unpack_packs: each stem of PACKS unpacked into the root.
 unpack_packs() {
   local stem
-  for stem in ${PACKS:-}; do
-    python3 -m benchmarks.cache_pack unpack "$stem" >> "$log" 2>&1 || echo "unpack $stem failed" >> "$log"
-  done
+  for stem in ${PACKS:-}; do unpack_pack "$stem"; done
 }
 
 # cache_entries DIR: the number of entries of the Triton cache DIR.

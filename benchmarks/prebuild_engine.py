@@ -66,14 +66,9 @@ def capture_keys(engine) -> list[tuple]:
 
 def variants(engine) -> list:
     """One recorded launch per distinct sampler variant of the capture, in launch order."""
-    from graphshard.runtime.launch import compiles_kernels, specialization_key
+    from graphshard.runtime.launch import distinct_variants
 
-    distinct = {}
-    for item in engine.parts.sampler_launches(capture_keys(engine)):
-        if compiles_kernels(item.kernel):
-            key = (id(item.kernel), specialization_key(item.kernel, item.args, item.kwargs))
-            distinct.setdefault(key, item)
-    return list(distinct.values())
+    return distinct_variants(engine.parts.sampler_launches(capture_keys(engine)))
 
 
 def load_config(name: str) -> Config:

@@ -25,8 +25,7 @@ CACHE=.triton_cache_tests source "$(dirname "$0")/call_setup.sh"
 limit=${LIMIT:-420}
 mixed_cache=/tmp/mixed_cache
 mkdir -p "$mixed_cache"
-[[ -n ${MIXED_PACK:-} ]] && { python3 -m benchmarks.cache_pack unpack "$MIXED_PACK" --into /tmp \
-  >> "$log" 2>&1 || echo "unpack $MIXED_PACK failed" >> "$log"; }
+[[ -n ${MIXED_PACK:-} ]] && unpack_pack "$MIXED_PACK" "$(dirname "$mixed_cache")"
 cached=$(cache_entries "$mixed_cache")
 declare -A compiled  # the trees whose compile finished: phase 2 times only these
 # mixed TREE SECONDS FILE ARGS...: `benchmarks.mixed_steps ARGS` in TREE from the shared cache,

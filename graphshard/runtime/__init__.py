@@ -9,7 +9,7 @@ from graphshard._lazy import lazy_exports
 __getattr__, __dir__, __all__ = lazy_exports(__name__, {
     "devices": ("check_kernels_run_on", "resolve_device"),
     "launch": ("Launch", "bound", "bound_arguments", "check_int32_vector", "compile_launches",
-               "compile_workers", "compiles_kernels", "deferred_launches", "launch", "recorded",
-               "specialization_key"),
+               "compile_workers", "compiles_kernels", "deferred_launches", "distinct_variants",
+               "launch", "recorded", "specialization_key"),
     "memcpy": ("DeviceCopier", "device_copier", "host_copier"),
 })

@@ -174,20 +174,26 @@ def compile_workers() -> int:
     return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
 
 
+def distinct_variants(launches: list[Launch]) -> list[Launch]:
+    """The first launch of each distinct compiled variant (`specialization_key`) among
+    `launches`, in their order; interpreted kernels have no variants and are left out."""
+    distinct = {}
+    for item in launches:
+        if compiles_kernels(item.kernel):
+            distinct.setdefault((id(item.kernel), specialization_key(item.kernel, item.args,
+                                                                     item.kwargs)), item)
+    return list(distinct.values())
+
+
 def compile_launches(launches: list[Launch], workers: int | None = None) -> int:
     """Compile the variants `launches` need (nothing launches) on up to `workers` threads
     (default: one per core this process may use), for the current device. Returns how many
     distinct variants were missing from the kernels' in-memory caches (each compiled here, or
     loaded from Triton's cache). Interpreted kernels have nothing to compile and are skipped. A
     failed compile raises here, once the others are compiled and in memory."""
-    # One launch per variant (`specialization_key`): a warmup of a variant still compiling
-    # repeats its binding and key (~0.4 ms), and a capture records thousands of launches.
-    distinct = {}
-    for item in launches:
-        if compiles_kernels(item.kernel):
-            distinct.setdefault((id(item.kernel), specialization_key(item.kernel, item.args,
-                                                                     item.kwargs)), item)
-    compiled = list(distinct.values())
+    # One launch per variant: a warmup of a variant still compiling repeats its binding and key
+    # (~0.4 ms), and a capture records thousands of launches.
+    compiled = distinct_variants(launches)
     if not compiled:
         return 0
     workers = max(1, min(len(compiled), workers or compile_workers()))
