@@ -47,11 +47,15 @@ def kept_mask(s: np.ndarray, top_k: int, top_p: float, min_p: float) -> np.ndarr
     vocab_size = s.shape[0]
     keep = np.ones(vocab_size, dtype=bool)
     s_max = s.max()
+    # Scores relative to the max, the max's own 0 even where it is +inf (inf - inf is NaN): +inf
+    # scores then hold all of the row's mass and are all a min-p filter keeps.
+    with np.errstate(invalid="ignore"):
+        rel = np.where(s == s_max, 0.0, s - s_max)
     if 0 < top_k < vocab_size:
         kth = np.sort(s)[::-1][top_k - 1]
         keep &= s >= kth
     if top_p < 1.0:
-        w = np.where(keep, np.exp(s - s_max), 0.0)
+        w = np.where(keep, np.exp(rel), 0.0)
         order = np.argsort(-s, kind="stable")
         mass = np.cumsum(w[order])
         cut = int(np.searchsorted(mass, top_p * mass[-1], side="left"))
@@ -59,7 +63,7 @@ def kept_mask(s: np.ndarray, top_k: int, top_p: float, min_p: float) -> np.ndarr
     if min_p > 0.0:
         # p / p_max >= min_p, compared in the log domain: exp(s - s_max) rounds to 1 for scores
         # within float64 precision of the max (huge temperatures), the log form does not.
-        keep &= s - s_max >= np.log(min_p)
+        keep &= rel >= np.log(min_p)
     return keep
 
 
@@ -80,7 +84,8 @@ def _sample_row(x: np.ndarray, p: dict, position: int) -> int:
 def _logprobs(raw: np.ndarray, token: int, num: int, K: int):
     """(top-K ids, top-K logprobs, token logprob, token rank) of one row's raw logits."""
     top = raw.max()
-    lse = 0.0 if top == -np.inf else top + np.log(np.exp(raw - top).sum())
+    with np.errstate(invalid="ignore"):  # a +inf top: NaN logprobs, as documented
+        lse = 0.0 if top == -np.inf else top + np.log(np.exp(raw - top).sum())
     lp = raw - lse
     order = np.lexsort((np.arange(raw.shape[0]), -raw))[:K]
     ids = np.full(K, -1, np.int32)

@@ -410,6 +410,31 @@ def test_nan_rows_counted():
     assert out.sampled_token_ids[1, 0] == 0
 
 
+@pytest.mark.parametrize("infs", [[7], [150, 7, 199], [3, 64, 65, 130]])
+def test_posinf_rows_sample_their_first_posinf_token(infs):
+    """+inf (an overflowed half-precision head) holds all of the row's mass in every mode: the
+    lowest-id +inf token among the allowed ones wins, the logprobs are NaN, nothing is counted
+    as NaN."""
+    rs = np.random.default_rng(len(infs))
+    kinds = ["greedy", "temperature", "top_k", "top_p", "min_p", "combined", "min_p", "greedy"]
+    params = [random_params(rs, k, num_logprobs=2) for k in kinds]
+    params[4] = SamplingParams(temperature=0.8, min_p=0.05, seed=11, num_logprobs=2)
+    b = make_batch(rs, params)
+    b.logits[:, infs] = float("inf")
+    mask = full_bitmask(len(kinds) + 1)
+    set_allowed(mask[1], [t for t in range(V) if t != min(infs)])  # the first +inf disallowed
+    b.bitmask = mask
+    b.bitmask_rows = np.array([0, 0, 0, 0, 0, 0, 1, 1], dtype=np.int32)
+    out = check(b, K=2)
+    first, second = sorted(infs)[0], (sorted(infs)[1] if len(infs) > 1 else None)
+    tokens = out.sampled_token_ids[:, 0].tolist()
+    assert tokens[:6] == [first] * 6
+    if second is not None:
+        assert tokens[6:] == [second] * 2
+    assert out.num_nans.tolist() == [0] * len(kinds)
+    assert np.isnan(out.sampled_logprob[:6, 0].numpy()).all()
+
+
 def test_speculative_acceptance_with_drafts():
     rs = np.random.default_rng(7)
     M = 4
