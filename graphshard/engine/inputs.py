@@ -135,7 +135,9 @@ class StepInputs:
                                    and self._int32_fits(bitmask, "bitmask", num_logits, 2))
 
     def _logits_fit(self, logits, num_logits: int) -> bool:
-        if not (isinstance(logits, torch.Tensor) and logits.dtype is self._dtype
+        # Dense first: a sparse or mkldnn tensor has no strides or data pointer to test.
+        if not (isinstance(logits, torch.Tensor) and logits.layout is torch.strided
+                and logits.dtype is self._dtype
                 and logits.shape == (num_logits, self._vocab_shard)
                 and logits.stride() == self._row_strides and self._on_device(logits)):
             return False
@@ -145,7 +147,8 @@ class StepInputs:
         return p == lo or not lo <= p < self._spans["logits"][1]
 
     def _int32_fits(self, t, name: str, num_logits: int, dims: int) -> bool:
-        if not (isinstance(t, torch.Tensor) and t.dtype is torch.int32 and t.dim() == dims
+        if not (isinstance(t, torch.Tensor) and t.layout is torch.strided
+                and t.dtype is torch.int32 and t.dim() == dims
                 and t.shape[0] == num_logits and self._on_device(t)):
             return False
         if dims == 2 and t.shape[1] not in self.bitmask_widths:
@@ -175,7 +178,8 @@ class StepInputs:
             if bitmask is not None:
                 # Sized by the padded vocabulary (docs/design.md, "What a step computes"); a
                 # width covering the real one is accepted too.
-                width = bitmask.shape[-1] if isinstance(bitmask, torch.Tensor) and bitmask.dim() == 2 else -1
+                width = bitmask.shape[-1] if isinstance(bitmask, torch.Tensor) \
+                    and not bitmask.is_nested and bitmask.dim() == 2 else -1
                 width = width if width in self.bitmask_widths else self.bitmask_widths[0]
                 _check_int32("grammar_bitmask", bitmask, (num_logits, width), self.device)
                 _check_not_misplaced("grammar_bitmask", bitmask, self.grammar_bitmask)
@@ -187,6 +191,7 @@ class StepInputs:
         vocab_shard, dtype = self.logits.shape[1], self.logits.dtype
         if not isinstance(logits, torch.Tensor):
             raise InvalidTypeError(f"logits must be a torch.Tensor, got {type(logits).__name__}")
+        _check_dense("logits", logits)
         if logits.dim() != 2 or logits.shape != (num_logits, vocab_shard):
             raise InvalidBatchError(f"logits must be [{num_logits}, {vocab_shard}] (rows x this "
                                     f"rank's vocab shard), got {tuple(logits.shape)}")
@@ -199,19 +204,37 @@ class StepInputs:
         _check_not_misplaced("logits", logits, self.logits)
 
 
+def _check_dense(name: str, value: torch.Tensor) -> None:
+    """Refuse a tensor without plain strided memory (sparse, mkldnn, nested): the copy-in and
+    the address checks need a data pointer and strides."""
+    if value.layout is not torch.strided:
+        raise InvalidTypeError(f"{name} must be a dense (strided) tensor, got {value.layout}")
+    if value.is_nested:
+        raise InvalidTypeError(f"{name} must be a dense (strided) tensor, got a nested tensor")
+
+
 def _check_not_misplaced(name: str, value: torch.Tensor, static: torch.Tensor) -> None:
-    """A tensor inside a static input buffer must be that buffer's leading rows (the zero-copy
-    path); any other view would be copied onto itself."""
-    if value.numel() == 0 or value.untyped_storage().data_ptr() != static.untyped_storage().data_ptr():
+    """A tensor whose bytes overlap a static input buffer must be that buffer's leading rows (the
+    zero-copy path); any other would be copied onto itself. Addresses are compared, not storage
+    objects: a second storage over the same memory (a NumPy or DLPack round trip) aliases too."""
+    if value.numel() == 0:
         return
-    if value.data_ptr() != static.data_ptr() or value.stride() != static[: value.shape[0]].stride():
-        raise InvalidBatchError(f"{name} is a view into the engine's static {name} buffer other "
-                                f"than its leading rows; pass engine.inputs' buffer[:num_logits]")
+    start = value.data_ptr()
+    end = start + (sum((n - 1) * s for n, s in zip(value.shape, value.stride())) + 1) \
+        * value.element_size()
+    lo, hi = _span(static)
+    if end <= lo or hi <= start:
+        return
+    if start != static.data_ptr() or value.stride() != static[: value.shape[0]].stride():
+        raise InvalidBatchError(f"{name} overlaps the engine's static {name} buffer but is not "
+                                f"its leading rows (it would be copied onto itself); pass "
+                                f"engine.inputs' buffer[:num_logits]")
 
 
 def _check_int32(name: str, value, shape: tuple, device: torch.device) -> None:
     if not isinstance(value, torch.Tensor):
         raise InvalidTypeError(f"{name} must be a torch.Tensor, got {type(value).__name__}")
+    _check_dense(name, value)
     if value.dtype != torch.int32:
         raise InvalidTypeError(f"{name} must be int32, got {value.dtype}")
     if tuple(value.shape) != shape:

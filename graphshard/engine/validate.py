@@ -40,6 +40,11 @@ def to_host_int32(name: str, value) -> np.ndarray:
             value = value.numpy()
         except (TypeError, RuntimeError) as e:
             raise InvalidBatchError(f"{name}: cannot read this tensor on the host ({e})") from None
+    elif isinstance(value, np.ma.MaskedArray):
+        # np.asarray would drop the mask and read the masked-out values.
+        if np.ma.getmaskarray(value).any():
+            raise InvalidBatchError(f"{name} has masked entries")
+        value = value.data
     try:
         arr = np.asarray(value)
     except (TypeError, ValueError) as e:  # ragged nested lists, objects NumPy cannot convert
@@ -48,15 +53,44 @@ def to_host_int32(name: str, value) -> np.ndarray:
     if arr.ndim != 1:
         raise InvalidBatchError(f"{name} must be 1-D (an integer array, list or CPU tensor), got "
                                 f"{type(value).__name__} of shape {arr.shape}")
-    if arr.size and arr.dtype == object and all(
-            isinstance(v, numbers.Integral) and not isinstance(v, bool) for v in arr):
-        # NumPy only falls back to object for Python ints beyond 64 bits.
-        raise InvalidBatchError(f"{name} has values outside int32")
+    if isinstance(value, (list, tuple)) and arr.dtype != np.bool_:
+        # NumPy reads a bool among ints as 0 or 1; an all-bool list is refused by dtype below.
+        for i, v in enumerate(value):
+            if _is_bool(v):
+                raise InvalidTypeError(f"{name} must hold integers, got bool {v!r} at position {i}")
+    if arr.dtype == object:
+        return _object_to_int32(name, arr)
     if arr.size and not np.issubdtype(arr.dtype, np.integer):
         raise InvalidTypeError(f"{name} must hold integers, got dtype {arr.dtype}")
     if arr.size and (arr.min() < np.iinfo(np.int32).min or arr.max() > np.iinfo(np.int32).max):
         raise InvalidBatchError(f"{name} has values outside int32")
     return arr.astype(np.int32, copy=False)
+
+
+def _is_bool(v) -> bool:
+    """A Python or NumPy bool, or a bool 0-d array or tensor (each converts to 0 or 1)."""
+    if isinstance(v, np.ndarray):
+        return v.dtype == np.bool_
+    if isinstance(v, torch.Tensor):
+        return v.dtype is torch.bool
+    return isinstance(v, (bool, np.bool_))
+
+
+def _object_to_int32(name: str, arr: np.ndarray) -> np.ndarray:
+    """An object array (NumPy's fallback for Python ints beyond 64 bits, or built with
+    dtype=object) as int32: every entry a non-bool integer within int32, converted exactly."""
+    values = []
+    for i, v in enumerate(arr):
+        if _is_bool(v) or not isinstance(v, numbers.Integral):
+            shown = repr(v)
+            shown = shown if len(shown) <= 40 else shown[:40] + "..."
+            raise InvalidTypeError(f"{name} must hold integers, got {type(v).__name__} {shown} "
+                                   f"at position {i} (dtype object)")
+        values.append(int(v))
+    lo, hi = np.iinfo(np.int32).min, np.iinfo(np.int32).max
+    if any(not lo <= v <= hi for v in values):
+        raise InvalidBatchError(f"{name} has values outside int32")
+    return np.array(values, dtype=np.int32)
 
 
 _INT32 = np.dtype(np.int32)

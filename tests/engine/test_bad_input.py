@@ -9,6 +9,7 @@ ranks, where both must raise the same error and the valid steps between them sta
 import random
 import re
 from dataclasses import dataclass, replace
+from fractions import Fraction
 from typing import Any, Callable
 
 import numpy as np
@@ -178,7 +179,8 @@ def array_wrong_type(b, r):
     which = r.choice(ARRAYS)
     a, name = getattr(b, which), NAMES[which]
     how = r.choice(["float", "bool", "str", "bf16", "grad", "2d", "0d", "none", "ragged", "int64",
-                    "bigint", "meta"])
+                    "bigint", "meta", "list_bool", "object_float", "masked"])
+    i = r.randint(0, len(a) - 1)
     big = r.choice([2**31, -2**31 - 1, 2**40, 2**63 - 1])
     # Wrong dtypes raise InvalidTypeError (an InvalidBatchError and a TypeError); the rest the base.
     value, exc, message = {
@@ -197,6 +199,13 @@ def array_wrong_type(b, r):
         "bigint": (a.tolist()[:-1] + [2**70], InvalidBatchError, "has values outside int32"),
         "meta": (torch.from_numpy(a).to("meta"), InvalidBatchError,
                  "must be a host array .* got a tensor on meta"),
+        # NumPy would read the bool as 0 or 1, and drop the mask.
+        "list_bool": (a.tolist()[:i] + [bool(a[i] > 0)] + a.tolist()[i + 1:], InvalidTypeError,
+                      f"must hold integers, got bool {a[i] > 0} at position {i}$" if len(a) > 1
+                      else "must hold integers, got dtype bool$"),  # one bool: an all-bool list
+        "object_float": (np.array(a.tolist()[:i] + [float(a[i])] + a.tolist()[i + 1:], dtype=object),
+                         InvalidTypeError, rf"must hold integers, got float .* at position {i} \(dtype object\)$"),
+        "masked": (np.ma.array(a, mask=np.arange(len(a)) == i), InvalidBatchError, "has masked entries$"),
     }[how]
     return replace(b, **{which: value}), exc, f"^{name} {message}"
 
@@ -204,7 +213,8 @@ def array_wrong_type(b, r):
 def logits_wrong(b, r):
     """This rank's shard with the wrong shape, dtype, device, strides or Python type."""
     rows = len(b.full)
-    how = r.choice(["rows", "cols", "1d", "3d", "f64", "bf16", "int", "meta", "strided", "numpy"])
+    how = r.choice(["rows", "cols", "1d", "3d", "f64", "bf16", "int", "meta", "strided", "numpy",
+                    "sparse_coo", "sparse_csr"])
     tweak, exc, message = {
         "rows": (lambda s: torch.cat([s, s[:1]]), InvalidBatchError, rf"logits must be \[{rows}, "),
         "cols": (lambda s: s[:, 1:], InvalidBatchError, rf"logits must be \[{rows}, "),
@@ -216,6 +226,10 @@ def logits_wrong(b, r):
         "meta": (lambda s: s.to("meta"), InvalidBatchError, "logits is on meta, the engine runs on cpu"),
         "strided": (lambda s: s.repeat_interleave(2, dim=1)[:, ::2], InvalidBatchError, "contiguous"),
         "numpy": (lambda s: s.numpy(), InvalidTypeError, "logits must be a torch.Tensor, got ndarray"),
+        "sparse_coo": (lambda s: s.to_sparse(), InvalidTypeError,
+                       r"^logits must be a dense \(strided\) tensor, got torch.sparse_coo$"),
+        "sparse_csr": (lambda s: s.to_sparse_csr(), InvalidTypeError,
+                       r"^logits must be a dense \(strided\) tensor, got torch.sparse_csr$"),
     }[how]
     return replace(b, tweak=tweak), exc, message
 
@@ -226,7 +240,8 @@ def side_input_wrong(b, r):
     words = bitmask_words(b.full.shape[1])
     good = torch.zeros((rows,) if name == "drafts" else (rows, words), dtype=torch.int32)
     arg = "draft_token_ids" if name == "drafts" else "grammar_bitmask"
-    how = r.choice(["int64", "uint32", "shape", "meta", "numpy"] + (["width"] if name == "bitmask" else []))
+    how = r.choice(["int64", "uint32", "shape", "meta", "numpy", "sparse"]
+                   + (["width"] if name == "bitmask" else []))
     value, exc, message = {
         "int64": (good.long(), InvalidTypeError, f"{arg} must be int32, got torch.int64"),
         "uint32": (good.to(torch.uint32), InvalidTypeError, f"{arg} must be int32, got torch.uint32"),
@@ -236,6 +251,8 @@ def side_input_wrong(b, r):
                   rf"{arg} must have shape \[{rows}, {words}\]"),
         "meta": (good.to("meta"), InvalidBatchError, f"{arg} is on meta"),
         "numpy": (good.numpy(), InvalidTypeError, f"{arg} must be a torch.Tensor, got ndarray"),
+        "sparse": (good.to_sparse(), InvalidTypeError,
+                   rf"^{arg} must be a dense \(strided\) tensor, got torch.sparse_coo$"),
     }[how]
     return replace(b, **{name: value}), exc, message
 
@@ -288,7 +305,11 @@ def try_mistake(engine, tables, r, name):
     """Break a fresh valid batch, step it, then step the valid one: what each step gave."""
     n = r.randint(2 if name == "slot_duplicate" else 1, CFG.max_bucket)
     good = make_batch(r, n, engine.vocab)
-    bad, exc, pattern = MISTAKES[name](good, r)
+    return attempt(engine, tables, good, *MISTAKES[name](good, r))
+
+
+def attempt(engine, tables, good, bad, exc, pattern):
+    """Step the bad batch, then the valid one: what each step gave."""
     before = snapshot(engine)
     try:
         bad.step(engine)
@@ -317,6 +338,7 @@ def engine_and_tables():
 
 # Every example runs a sampling step under the interpreter: shrinking would take minutes, and
 # the failing draws are printed anyway.
+@pytest.mark.filterwarnings("ignore:Sparse CSR tensor support is in beta")
 @pytest.mark.parametrize("name", sorted(MISTAKES))
 @settings(deadline=None, max_examples=5, phases=(Phase.explicit, Phase.reuse, Phase.generate))
 @given(data=st.data())
@@ -417,6 +439,106 @@ def test_overlapping_views_of_the_static_inputs_are_refused(which):
     assert not changed_since(before, engine)
 
 
+def _aliases(inp, rows: int) -> dict:
+    """Tensors over the static buffers' memory through a second storage object (as a NumPy or
+    DLPack round trip makes them), each other than the buffer's leading rows."""
+    def apart(buf):  # starts where the buffer does, its rows two apart
+        a = buf.numpy()
+        return torch.from_numpy(np.lib.stride_tricks.as_strided(
+            a, (rows,) + a.shape[1:], (2 * a.strides[0],) + a.strides[1:]))
+
+    def shifted(buf, elements):  # the buffer's layout, `elements` further on
+        a = buf.numpy()
+        return torch.from_numpy(a.reshape(-1)[elements:elements + rows * a[0].size]
+                                .reshape((rows,) + a.shape[1:]))
+    words = inp.grammar_bitmask.shape[1]
+    return {"logits_shifted": dict(tweak=lambda s: shifted(inp.logits, inp.logits.shape[1])),
+            "logits_apart": dict(tweak=lambda s: apart(inp.logits)),
+            "drafts_shifted": dict(drafts=shifted(inp.draft_token_ids, 1)),
+            "drafts_apart": dict(drafts=apart(inp.draft_token_ids)),
+            "bitmask_shifted": dict(bitmask=shifted(inp.grammar_bitmask, words)),
+            "bitmask_by_a_word": dict(bitmask=shifted(inp.grammar_bitmask, 1))}
+
+
+@pytest.mark.parametrize("which", ["logits_shifted", "logits_apart", "drafts_shifted", "drafts_apart",
+                                   "bitmask_shifted", "bitmask_by_a_word"])
+def test_aliases_of_the_static_inputs_through_another_storage_are_refused(engine_and_tables, which):
+    """Overlap is judged by address ranges, not by storage objects: the step would copy the
+    buffer onto itself."""
+    engine, tables = engine_and_tables
+    good = make_batch(random.Random(3), 3, engine.vocab)
+    bad = replace(good, **_aliases(engine.inputs, len(good.full))[which])
+    arg = {"logits": "logits", "drafts": "draft_token_ids", "bitmask": "grammar_bitmask"}[which.split("_")[0]]
+    assert_refused_cleanly(attempt(engine, tables, good, bad, InvalidBatchError,
+                                   rf"^{arg} overlaps the engine's static {arg} buffer but is not its leading rows"))
+
+
+@pytest.mark.parametrize("storage", ["view", "numpy"])
+def test_the_leading_rows_of_the_static_inputs_are_accepted(engine_and_tables, storage):
+    """The zero-copy path: the buffers' leading rows, as views or through a second storage."""
+    engine, tables = engine_and_tables
+    inp = engine.inputs
+    lead = (lambda buf, rows: buf[:rows]) if storage == "view" else \
+        (lambda buf, rows: torch.from_numpy(buf.numpy()[:rows]))
+    r = random.Random(4)
+    good = make_batch(r, 3, engine.vocab)
+    while good.drafts is None or good.bitmask is None:
+        good = make_batch(r, 3, engine.vocab)
+    rows = len(good.full)
+    drafts, bitmask = lead(inp.draft_token_ids, rows), lead(inp.grammar_bitmask, rows)
+    drafts.copy_(good.drafts)
+    bitmask.copy_(good.bitmask)
+    b = replace(good, drafts=drafts, bitmask=bitmask,
+                tweak=lambda s: lead(inp.logits, rows).copy_(s))
+    assert oracle_mismatch(engine, tables, b) is None
+
+
+NON_STRIDED = {
+    "logits_coo": (dict(tweak=lambda s: s.to_sparse()), "logits", "torch.sparse_coo"),
+    "logits_csr": (dict(tweak=lambda s: s.to_sparse_csr()), "logits", "torch.sparse_csr"),
+    "logits_csc": (dict(tweak=lambda s: s.to_sparse_csc()), "logits", "torch.sparse_csc"),
+    "logits_mkldnn": (dict(tweak=lambda s: s.to_mkldnn()), "logits", "torch._mkldnn"),
+    "drafts_coo": (dict(drafts="coo"), "draft_token_ids", "torch.sparse_coo"),
+    "bitmask_coo": (dict(bitmask="coo"), "grammar_bitmask", "torch.sparse_coo"),
+    "bitmask_csr": (dict(bitmask="csr"), "grammar_bitmask", "torch.sparse_csr"),
+}
+
+
+@pytest.mark.filterwarnings("ignore:Sparse CSR tensor support is in beta")
+@pytest.mark.parametrize("path", ["fast", "exact"])  # "exact": a list idx_mapping skips the cheap tests
+@pytest.mark.parametrize("which", sorted(NON_STRIDED))
+def test_non_strided_tensors_are_refused_by_type(engine_and_tables, which, path):
+    if which.endswith("mkldnn") and not torch.backends.mkldnn.is_available():
+        pytest.skip("no mkldnn in this torch build")
+    engine, tables = engine_and_tables
+    good = make_batch(random.Random(5), 3, engine.vocab)
+    change, arg, layout = NON_STRIDED[which]
+    rows, words = len(good.full), bitmask_words(engine.vocab)
+    sparse = {"coo": torch.Tensor.to_sparse, "csr": torch.Tensor.to_sparse_csr}
+    if "drafts" in change:
+        change = dict(drafts=sparse[change["drafts"]](torch.zeros(rows, dtype=torch.int32)))
+    elif "bitmask" in change:
+        change = dict(bitmask=sparse[change["bitmask"]](torch.full((rows, words), -1, dtype=torch.int32)))
+    bad = replace(good, **change)
+    if path == "exact":
+        bad = replace(bad, idx=bad.idx.tolist())
+    assert_refused_cleanly(attempt(engine, tables, good, bad, InvalidTypeError,
+                                   rf"^{arg} must be a dense \(strided\) tensor, got {layout}$"))
+
+
+@pytest.mark.filterwarnings("ignore:The PyTorch API of nested tensors is in prototype")
+def test_nested_tensors_are_refused_by_the_exact_checks(engine_and_tables):
+    engine, _ = engine_and_tables
+    inp, rows = engine.inputs, 2
+    nested = torch.nested.nested_tensor
+    for args, arg in [((nested([torch.zeros(engine.vocab_shard)] * rows), None, None), "logits"),
+                      ((None, nested([torch.zeros(1, dtype=torch.int32)] * rows), None), "draft_token_ids"),
+                      ((None, None, nested([torch.zeros(3, dtype=torch.int32)] * rows)), "grammar_bitmask")]:
+        error = inp.tensor_error(*args, rows)
+        assert isinstance(error, InvalidTypeError)
+        assert str(error) == f"{arg} must be a dense (strided) tensor, got a nested tensor"
+
+
 def test_a_replicated_error_takes_precedence_over_a_tensor_error(engine_and_tables):
     engine, _ = engine_and_tables
     big = replace(make_batch(random.Random(2), CFG.max_num_reqs, engine.vocab), tweak=lambda s: s.double())
@@ -459,6 +581,33 @@ def test_sampling_params_refuse_clearly_or_fit_the_tables(field, value):
 def test_non_finite_or_out_of_range_params_are_refused(field, value):
     with pytest.raises((TypeError, ValueError), match=rf"^SamplingParams\.{field} = "):
         SamplingParams(**{field: value})
+
+
+TINY = Fraction(1, 10**400)  # a positive real below float64's range
+
+
+@pytest.mark.parametrize("field, value", [("temperature", TINY), ("temperature", -TINY),
+                                          ("top_p", TINY), ("min_p", TINY), ("temperature", "longdouble")])
+def test_nonzero_values_that_round_to_zero_as_floats_are_refused(field, value):
+    """Stored as 0 they would mean greedy sampling (temperature) or a filter switched off."""
+    if value == "longdouble":
+        value = np.longdouble("1e-4000")
+        if value == 0:
+            pytest.skip("long double is float64 here")
+    with pytest.raises(InvalidParamsError, match=rf"^SamplingParams\.{field} = .*: is nonzero but "
+                                                 rf"rounds to 0 as a float$"):
+        SamplingParams(**{field: value})
+    if field != "top_p":  # a true 0 is still 0 (greedy, no min_p filter)
+        assert getattr(SamplingParams(**{field: Fraction(0)}), field) == 0.0
+
+
+@pytest.mark.parametrize("field, value", [("temperature", TINY), ("temperature", 10**400),
+                                          ("top_k", 10**400), ("seed", -10**400)])
+def test_params_errors_cut_long_values(field, value):
+    with pytest.raises(InvalidParamsError) as info:
+        SamplingParams(**{field: value})
+    message = str(info.value)
+    assert message.startswith(f"SamplingParams.{field} = {repr(value)[:40]}...: ") and len(message) < 160
 
 
 @settings(deadline=None, max_examples=60)
