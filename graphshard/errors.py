@@ -55,6 +55,13 @@ class StepFault(RuntimeError):
     The first line of the message is the cause (what the peers reported, when they did)."""
 
 
+def shown(value, limit: int = 40) -> str:
+    """`repr(value)` for an error message, cut where long (a Fraction or int of hundreds of
+    digits)."""
+    text = repr(value)
+    return text if len(text) <= limit else text[:limit] + "..."
+
+
 __all__ = ["BatchTooLargeError", "ConfigError", "EngineStateError", "InvalidBatchError",
            "InvalidParamsError", "InvalidSlotError", "InvalidTypeError", "RankDivergenceError",
            "StepFault"]

@@ -436,7 +436,11 @@ class Engine:
             n = idx_mapping.shape[0]
             if n < len(self._routes) or not self.captured or self.config.fallback != "error":
                 num_logits = n if self._one_row else int(cu_num_logits[n])
-                if self.inputs.tensors_fit(logits, drafts, bitmask, num_logits):
+                try:
+                    fit = self.inputs.tensors_fit(logits, drafts, bitmask, num_logits)
+                except RuntimeError:  # torch's own refusal (a nested tensor has no shape): the
+                    fit = False       # exact checks name it
+                if fit:
                     return idx_mapping, cu_num_logits, seq_lens, None
         return self._check_step_exactly(idx_mapping, cu_num_logits, seq_lens, logits, drafts, bitmask)
 

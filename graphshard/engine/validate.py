@@ -12,7 +12,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from graphshard.errors import InvalidBatchError, InvalidTypeError
+from graphshard.errors import InvalidBatchError, InvalidTypeError, shown
 
 __all__ = ["BatchChecker", "BatchLimits", "InvalidBatchError", "to_host_int32", "validate_batch"]
 
@@ -82,9 +82,7 @@ def _object_to_int32(name: str, arr: np.ndarray) -> np.ndarray:
     values = []
     for i, v in enumerate(arr):
         if _is_bool(v) or not isinstance(v, numbers.Integral):
-            shown = repr(v)
-            shown = shown if len(shown) <= 40 else shown[:40] + "..."
-            raise InvalidTypeError(f"{name} must hold integers, got {type(v).__name__} {shown} "
+            raise InvalidTypeError(f"{name} must hold integers, got {type(v).__name__} {shown(v)} "
                                    f"at position {i} (dtype object)")
         values.append(int(v))
     lo, hi = np.iinfo(np.int32).min, np.iinfo(np.int32).max

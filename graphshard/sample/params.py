@@ -9,7 +9,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from graphshard.errors import InvalidParamsError, InvalidSlotError, InvalidTypeError
+from graphshard.errors import InvalidParamsError, InvalidSlotError, InvalidTypeError, shown
 
 _F32_MAX = float(np.finfo(np.float32).max)
 # The sampler scores a row as fp32 logit / temperature. From this temperature up the scores stay
@@ -19,18 +19,12 @@ _F32_MAX = float(np.finfo(np.float32).max)
 MIN_TEMPERATURE = 1e-30
 
 
-def _shown(value) -> str:
-    """`repr(value)`, cut where long (a Fraction or int of hundreds of digits)."""
-    text = repr(value)
-    return text if len(text) <= 40 else text[:40] + "..."
-
-
 def _number(field: str, value, integer: bool):
     """`value` as a plain int or float, or InvalidTypeError naming the field (bools are refused: a
     flag passed by mistake would otherwise read as 0 or 1)."""
     kind = numbers.Integral if integer else numbers.Real
     if isinstance(value, (bool, np.bool_)) or not isinstance(value, kind):
-        raise InvalidTypeError(f"SamplingParams.{field} = {_shown(value)}: must be "
+        raise InvalidTypeError(f"SamplingParams.{field} = {shown(value)}: must be "
                         f"{'an integer' if integer else 'a real number'}, got {type(value).__name__}")
     if integer:
         return int(value)
@@ -39,10 +33,10 @@ def _number(field: str, value, integer: bool):
     except OverflowError:  # an int beyond the float range
         out = math.inf
     if not math.isfinite(out):
-        raise InvalidParamsError(f"SamplingParams.{field} = {_shown(value)}: must be finite")
+        raise InvalidParamsError(f"SamplingParams.{field} = {shown(value)}: must be finite")
     if out == 0.0 and value != 0:
         # Below float64's range (a Fraction, a long double): 0 would mean greedy or filter off.
-        raise InvalidParamsError(f"SamplingParams.{field} = {_shown(value)}: is nonzero but "
+        raise InvalidParamsError(f"SamplingParams.{field} = {shown(value)}: is nonzero but "
                                  f"rounds to 0 as a float")
     return out
 
@@ -66,7 +60,7 @@ class SamplingParams:
 
     def __post_init__(self):
         def bad(field, why):
-            raise InvalidParamsError(f"SamplingParams.{field} = {_shown(getattr(self, field))}: {why}")
+            raise InvalidParamsError(f"SamplingParams.{field} = {shown(getattr(self, field))}: {why}")
         for field, integer in (("temperature", False), ("top_k", True), ("top_p", False),
                                ("min_p", False), ("seed", True), ("num_logprobs", True)):
             object.__setattr__(self, field, _number(field, getattr(self, field), integer))

@@ -527,7 +527,7 @@ def test_non_strided_tensors_are_refused_by_type(engine_and_tables, which, path)
 
 
 @pytest.mark.filterwarnings("ignore:The PyTorch API of nested tensors is in prototype")
-def test_nested_tensors_are_refused_by_the_exact_checks(engine_and_tables):
+def test_nested_tensors_are_refused_by_type(engine_and_tables):
     engine, _ = engine_and_tables
     inp, rows = engine.inputs, 2
     nested = torch.nested.nested_tensor
@@ -537,6 +537,13 @@ def test_nested_tensors_are_refused_by_the_exact_checks(engine_and_tables):
         error = inp.tensor_error(*args, rows)
         assert isinstance(error, InvalidTypeError)
         assert str(error) == f"{arg} must be a dense (strided) tensor, got a nested tensor"
+    # Through step(): the fast path's shape test raises torch's own error on a nested tensor.
+    idx, cu, lens = np.array(ACTIVE[:rows], dtype=np.int32), np.arange(rows + 1, dtype=np.int32), \
+        np.zeros(rows, dtype=np.int32)
+    steps = engine.steps
+    with pytest.raises(InvalidTypeError, match="logits must be a dense"):
+        engine.step(idx, cu, lens, nested([torch.zeros(engine.vocab_shard)] * rows))
+    assert engine.steps == steps
 
 
 def test_a_replicated_error_takes_precedence_over_a_tensor_error(engine_and_tables):
