@@ -16,6 +16,11 @@ each way on alternate rounds, with NumPy work between rounds that evicts the hos
 decode loop's other work does (a loop runs the copy-in cold). It checks after each round that
 the buffers hold what `copy_` writes, and prints the host µs p50 and p90 of each way. One GPU;
 the batch way is left out, with the driver's refusal printed, where the driver lacks it.
+
+The driver refuses a batch on the legacy default stream (CUDA_ERROR_INVALID_VALUE, seen on an
+H100 with CUDA 13.0), the stream a step's copy-in runs on in a loop that never picks one. So
+the rounds run on a stream of their own, and the result records what a one-copy batch on the
+legacy default stream returned (`batch_on_default_stream`: the CUresult, 0 where accepted).
 """
 
 from __future__ import annotations
@@ -104,7 +109,28 @@ def run(rounds: int, rows: int) -> dict:
             raise RuntimeError(f"cuMemcpyBatchAsync_v2 returned {code}")
 
     fns = {"copy_": copy_, "driver": driver, "batch": batched}
+    on_default = _batch_on_default_stream(batch, dst, sources[0]) if "batch" in ways else None
     spent = {way: [] for way in ways}
+    with torch.cuda.stream(torch.cuda.Stream(device)):
+        _time_rounds(rounds, ways, fns, spent, dst, sources)
+    warm = rounds // 10
+    return {"device": torch.cuda.get_device_name(device), "rows": rows,
+            "batch_on_default_stream": on_default,
+            "us": {way: {"p50": float(np.median(v[warm:])),
+                         "p90": float(np.percentile(v[warm:], 90))} for way, v in spent.items()}}
+
+
+def _batch_on_default_stream(batch: "BatchCopy", dst, src) -> int:
+    """The CUresult of a one-copy batch on the legacy default stream (0: accepted)."""
+    with torch.cuda.stream(torch.cuda.default_stream()):
+        batch.dsts[0], batch.srcs[0] = dst[1].data_ptr(), src[1].data_ptr()
+        batch.sizes[0] = src[1].numel() * src[1].element_size()
+        code = batch.call(1)
+        torch.cuda.synchronize()
+    return code
+
+
+def _time_rounds(rounds: int, ways: list, fns: dict, spent: dict, dst, sources) -> None:
     junk = np.random.default_rng(0).random(1 << 21)  # 16 MB
     torch.cuda.synchronize()
     for r in range(rounds):
@@ -122,10 +148,6 @@ def run(rounds: int, rows: int) -> dict:
                         raise AssertionError(f"{way}: a buffer differs from its source")
                 for d in dst:
                     d.zero_()
-    warm = rounds // 10
-    return {"device": torch.cuda.get_device_name(device), "rows": rows,
-            "us": {way: {"p50": float(np.median(v[warm:])),
-                         "p90": float(np.percentile(v[warm:], 90))} for way, v in spent.items()}}
 
 
 def main(argv=None) -> None:
@@ -137,7 +159,11 @@ def main(argv=None) -> None:
     if not torch.cuda.is_available():
         raise SystemExit("copy_cost needs a CUDA GPU")
     result = run(args.rounds, args.rows)
-    print(f"{result['device']}; {args.rows} rows; host µs per step's three copies (p50, p90):")
+    print(f"{result['device']}; {args.rows} rows; host µs per step's three copies on a stream of "
+          f"their own (p50, p90):")
+    if result["batch_on_default_stream"] is not None:
+        print(f"  (a batch on the legacy default stream returned "
+              f"{result['batch_on_default_stream']})")
     for way, us in result["us"].items():
         print(f"  {way:7} {us['p50']:7.1f} {us['p90']:7.1f}")
     if args.out:

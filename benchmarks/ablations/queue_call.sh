@@ -1,10 +1,11 @@
 #!/usr/bin/env bash
 # The head of the queue ("Queued for the next GPU run" in this folder's README) as one device
-# call, whatever card comes: the copy-in probe (`benchmarks.copy_cost`, a few seconds on the idle
-# host), then on an H200 the sampler table and `sampling.json` from `.triton_pack/tip` (item 1,
-# into $OUT/tip), on any other card the 10 sampler GPU tests not yet run on this code (item 2,
-# their compiles brought back as $OUT/0pack_tests.NN). Carry [".triton_pack"].
-# Usage: OUT=dir [TESTS_LIMIT=450] bash benchmarks/ablations/queue_call.sh
+# call, whatever card comes: the copy-in probe (`benchmarks.copy_cost`, a few seconds), then on
+# an H200 the sampler table and `sampling.json` from `.triton_pack/tip` (into $OUT/tip; ~80 s
+# with the pack), on any other card the mixed workload at tp = 1 from `.triton_pack/mixed`
+# (three runs of `benchmarks.mixed_steps --steps 300 --parts --verify`, into $OUT/mixed).
+# Carry [".triton_pack"].
+# Usage: OUT=dir bash benchmarks/ablations/queue_call.sh
 set -u
 cd "$(dirname "$0")/../.."
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 PYTHONUNBUFFERED=1
@@ -18,9 +19,19 @@ if [[ $card == *H200* ]]; then
   OUT=$OUT/tip PACKS=.triton_pack/tip BUDGET=240 PARTS="bench sampling" bash benchmarks/tip_call.sh
   cat "$OUT/tip/sampler_table.md" 2>/dev/null
 else
-  F=tests/gpu/test_sampler_gpu.py
-  OUT=$OUT/tests LIMIT=${TESTS_LIMIT:-450} TESTS="$F -k chunks_per_program and dtype1;\
-$F -k capped_finish and dtype0;$F -k capped_finish and dtype1;$F -k capped_bitmask;\
-$F -k adversarial_rows and (one_allowed or two_allowed or all_neg_inf);\
-$F -k min_p_rows and (one_allowed or two_allowed or all_neg_inf)" bash benchmarks/ablations/tests_call.sh
+  mkdir -p "$OUT/mixed"
+  log=$OUT/mixed/0_log.txt
+  source benchmarks/packs.sh
+  cache=/tmp/mixed_cache
+  unpack_pack .triton_pack/mixed /tmp
+  before=$(cache_entries "$cache")
+  for run in 1 2 3; do
+    TRITON_CACHE_DIR=$cache timeout 400 python3 -m benchmarks.mixed_steps --profile-steps 0 \
+      --steps 300 --parts --verify --out "$OUT/mixed/run$run.json" > "$OUT/mixed/run$run.txt" 2>&1
+    echo "run $run rc=$?" >> "$log"
+    head -4 "$OUT/mixed/run$run.txt"
+    [[ -f $OUT/mixed/run$run.json ]] && gzip -f "$OUT/mixed/run$run.json"
+  done
+  OUT=$OUT/mixed bring_back mixed "$cache" "$before"
+  cat "$log"
 fi
