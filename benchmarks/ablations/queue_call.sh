@@ -3,7 +3,8 @@
 # call, whatever card comes: the copy-in probe (`benchmarks.copy_cost`, a few seconds), then on
 # an H200 the sampler table and `sampling.json` from `.triton_pack/tip` (into $OUT/tip; ~80 s
 # with the pack), on any other card the mixed workload at tp = 1 from `.triton_pack/mixed`
-# (three runs of `benchmarks.mixed_steps --steps 300 --parts --verify`, into $OUT/mixed).
+# (`mixed_ab_call.sh` on this checkout alone: a 3-step compile run, then `benchmarks.mixed_steps
+# --steps 300 --parts --verify`, into $OUT/mixed, the files named after the checkout's folder).
 # Carry [".triton_pack"].
 # Usage: OUT=dir bash benchmarks/ablations/queue_call.sh
 set -u
@@ -19,19 +20,7 @@ if [[ $card == *H200* ]]; then
   OUT=$OUT/tip PACKS=.triton_pack/tip BUDGET=240 PARTS="bench sampling" bash benchmarks/tip_call.sh
   cat "$OUT/tip/sampler_table.md" 2>/dev/null
 else
-  mkdir -p "$OUT/mixed"
-  log=$OUT/mixed/0_log.txt
-  source benchmarks/packs.sh
-  cache=/tmp/mixed_cache
-  unpack_pack .triton_pack/mixed /tmp
-  before=$(cache_entries "$cache")
-  for run in 1 2 3; do
-    TRITON_CACHE_DIR=$cache timeout 400 python3 -m benchmarks.mixed_steps --profile-steps 0 \
-      --steps 300 --parts --verify --out "$OUT/mixed/run$run.json" > "$OUT/mixed/run$run.txt" 2>&1
-    echo "run $run rc=$?" >> "$log"
-    head -4 "$OUT/mixed/run$run.txt"
-    [[ -f $OUT/mixed/run$run.json ]] && gzip -f "$OUT/mixed/run$run.json"
-  done
-  OUT=$OUT/mixed bring_back mixed "$cache" "$before"
-  cat "$log"
+  OUT=$OUT/mixed MIXED_PACK=.triton_pack/mixed LAUNCH_TREE= \
+    bash benchmarks/ablations/mixed_ab_call.sh "$PWD"
+  cat "$OUT/mixed/0_log.txt"
 fi
