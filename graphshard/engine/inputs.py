@@ -12,6 +12,7 @@ double-buffered host row per step, fetched by the captured step itself.
 
 from __future__ import annotations
 
+import math
 import operator
 
 import torch
@@ -42,20 +43,26 @@ class StepInputs:
         # stage(step, idx, cu, lens, bitmask_on): step `step`'s replicated arrays into its pinned
         # row, no device call (bound directly: this runs every step).
         self.stage = self.staged.write
-        self.logits = torch.zeros(rows, vocab_shard, dtype=logits_dtype, device=device)  # [rows, V/T]
-        self.draft_token_ids = torch.full((rows,), -1, dtype=torch.int32, device=device)
-        self.grammar_bitmask = torch.full((rows, bitmask_words), -1, dtype=torch.int32,
-                                          device=device) if grammar_bitmask else None
+        # One allocation holds all three, so a step's tensor that is not a buffer's leading rows
+        # must lie wholly outside one address range (`_block`): one test per tensor per step.
+        specs = {"logits": ((rows, vocab_shard), logits_dtype),  # [rows, V/T]
+                 "drafts": ((rows,), torch.int32),  # [rows]
+                 "bitmask": ((rows, bitmask_words), torch.int32)}  # [rows, words]
+        if not grammar_bitmask:
+            del specs["bitmask"]
+        buffers, self._block = _carve(specs, device)
+        self.logits = buffers["logits"].zero_()
+        self.draft_token_ids = buffers["drafts"].fill_(-1)
+        self.grammar_bitmask = buffers["bitmask"].fill_(-1) if grammar_bitmask else None
         # Rows of draft_token_ids written since they last held -1 (a step without drafts
         # resets only those, and only once).
         self._dirty_draft_rows = 0
         self._views: dict[tuple, torch.Tensor] = {}  # `_view`'s
-        self._spans = {name: _span(t) for name, t in (("logits", self.logits),
-                                                       ("drafts", self.draft_token_ids),
-                                                       ("bitmask", self.grammar_bitmask))
-                       if t is not None}
+        self._buffers = {"logits": self.logits, "draft_token_ids": self.draft_token_ids,
+                         "grammar_bitmask": self.grammar_bitmask}
+        self._ptrs = {name: t.data_ptr() for name, t in buffers.items()}
         self._on_device = _device_test(device)
-        self._logits_ptr = self._spans["logits"][0]
+        self._logits_ptr = self._ptrs["logits"]
         self._dtype, self._vocab_shard = logits_dtype, vocab_shard
         self._row_bytes = vocab_shard * self.logits.element_size()
         self._copier = device_copier(device)  # None off CUDA: `copy_`
@@ -83,7 +90,7 @@ class StepInputs:
         the leading bytes of its buffer (a bitmask's where it is as wide as the buffer's rows).
         The others, and a copy the driver refuses (a thread without the device's context
         current, say), take `copy_`, which raises what is wrong, if anything."""
-        copy, spans = self._copier or _no_driver, self._spans
+        copy, ptrs = self._copier or _no_driver, self._ptrs
         if not self.is_zero_copy(logits, num_logits):
             if not (logits.is_contiguous()
                     and copy(self._logits_ptr, logits.data_ptr(), num_logits * self._row_bytes)):
@@ -91,13 +98,13 @@ class StepInputs:
                 self._view("logits", num_logits).copy_(logits.detach(), non_blocking=True)
         if self.max_num_logits_per_req > 1:
             if drafts is not None and drafts.is_contiguous() \
-                    and copy(spans["drafts"][0], drafts.data_ptr(), 4 * num_logits):
+                    and copy(ptrs["drafts"], drafts.data_ptr(), 4 * num_logits):
                 self._dirty_draft_rows = max(self._dirty_draft_rows, num_logits)
             else:
                 self._write_drafts(drafts, num_logits)
         if bitmask is not None:
             if not (bitmask.shape[1] == self.bitmask_widths[0] and bitmask.is_contiguous()
-                    and copy(spans["bitmask"][0], bitmask.data_ptr(), 4 * bitmask.numel())):
+                    and copy(ptrs["bitmask"], bitmask.data_ptr(), 4 * bitmask.numel())):
                 self._view("bitmask", num_logits, bitmask.shape[1]).copy_(bitmask, non_blocking=True)
 
     def _view(self, name: str, num_logits: int, width: int | None = None) -> torch.Tensor:
@@ -141,10 +148,9 @@ class StepInputs:
                 and logits.shape == (num_logits, self._vocab_shard)
                 and logits.stride() == self._row_strides and self._on_device(logits)):
             return False
-        p = logits.data_ptr()
-        lo = self._logits_ptr
-        # A view into the static buffer other than its leading rows would be copied onto itself.
-        return p == lo or not lo <= p < self._spans["logits"][1]
+        # Any other tensor over the static buffers' memory would be copied onto it.
+        p, (lo, hi) = logits.data_ptr(), self._block
+        return p == self._logits_ptr or not lo - num_logits * self._row_bytes < p < hi
 
     def _int32_fits(self, t, name: str, num_logits: int, dims: int) -> bool:
         if not (isinstance(t, torch.Tensor) and t.layout is torch.strided
@@ -153,8 +159,10 @@ class StepInputs:
             return False
         if dims == 2 and t.shape[1] not in self.bitmask_widths:
             return False
-        lo, hi = self._spans[name]
-        return t.numel() == 0 or not lo <= t.data_ptr() < hi
+        # Clear of the static buffers (their leading rows included: the exact check accepts those).
+        lo, hi = self._block
+        n = t.numel()
+        return n == 0 or (t.is_contiguous() and not lo - 4 * n < t.data_ptr() < hi)
 
     # -- checks of this rank's own tensors ----------------------------------------------------------
     def check_supported(self, drafts, bitmask) -> None:
@@ -174,7 +182,7 @@ class StepInputs:
                 self._check_logits(logits, num_logits)
             if drafts is not None:
                 _check_int32("draft_token_ids", drafts, (num_logits,), self.device)
-                _check_not_misplaced("draft_token_ids", drafts, self.draft_token_ids)
+                self._check_not_misplaced("draft_token_ids", drafts)
             if bitmask is not None:
                 # Sized by the padded vocabulary (docs/design.md, "What a step computes"); a
                 # width covering the real one is accepted too.
@@ -182,7 +190,7 @@ class StepInputs:
                     and not bitmask.is_nested and bitmask.dim() == 2 else -1
                 width = width if width in self.bitmask_widths else self.bitmask_widths[0]
                 _check_int32("grammar_bitmask", bitmask, (num_logits, width), self.device)
-                _check_not_misplaced("grammar_bitmask", bitmask, self.grammar_bitmask)
+                self._check_not_misplaced("grammar_bitmask", bitmask)
         except (InvalidBatchError, TypeError) as e:
             return e
         return None
@@ -201,7 +209,28 @@ class StepInputs:
             raise InvalidBatchError(f"logits is on {logits.device}, the engine runs on {self.device}")
         if logits.stride(-1) != 1:
             raise InvalidBatchError("logits rows must be contiguous (last-dim stride 1)")
-        _check_not_misplaced("logits", logits, self.logits)
+        self._check_not_misplaced("logits", logits)
+
+    def _check_not_misplaced(self, name: str, value: torch.Tensor) -> None:
+        """A tensor whose bytes overlap a static input buffer must be its own buffer's leading rows
+        (the zero-copy path); any other would be copied onto that buffer. Addresses are compared,
+        not storage objects: a second storage over the same memory (a NumPy or DLPack round trip)
+        aliases too."""
+        if value.numel() == 0:
+            return
+        start = value.data_ptr()
+        end = start + (sum((n - 1) * s for n, s in zip(value.shape, value.stride())) + 1) \
+            * value.element_size()
+        for other, static in self._buffers.items():
+            if static is None or end <= static.data_ptr() or _end(static) <= start:
+                continue
+            if other != name:
+                raise InvalidBatchError(f"{name} overlaps the engine's static {other} buffer (it "
+                                        f"would be copied onto it); pass a tensor of its own")
+            if start != static.data_ptr() or value.stride() != static[: value.shape[0]].stride():
+                raise InvalidBatchError(f"{name} overlaps the engine's static {name} buffer but is "
+                                        f"not its leading rows (it would be copied onto itself); "
+                                        f"pass engine.inputs' buffer[:num_logits]")
 
 
 def _check_dense(name: str, value: torch.Tensor) -> None:
@@ -211,24 +240,6 @@ def _check_dense(name: str, value: torch.Tensor) -> None:
         raise InvalidTypeError(f"{name} must be a dense (strided) tensor, got {value.layout}")
     if value.is_nested:
         raise InvalidTypeError(f"{name} must be a dense (strided) tensor, got a nested tensor")
-
-
-def _check_not_misplaced(name: str, value: torch.Tensor, static: torch.Tensor) -> None:
-    """A tensor whose bytes overlap a static input buffer must be that buffer's leading rows (the
-    zero-copy path); any other would be copied onto itself. Addresses are compared, not storage
-    objects: a second storage over the same memory (a NumPy or DLPack round trip) aliases too."""
-    if value.numel() == 0:
-        return
-    start = value.data_ptr()
-    end = start + (sum((n - 1) * s for n, s in zip(value.shape, value.stride())) + 1) \
-        * value.element_size()
-    lo, hi = _span(static)
-    if end <= lo or hi <= start:
-        return
-    if start != static.data_ptr() or value.stride() != static[: value.shape[0]].stride():
-        raise InvalidBatchError(f"{name} overlaps the engine's static {name} buffer but is not "
-                                f"its leading rows (it would be copied onto itself); pass "
-                                f"engine.inputs' buffer[:num_logits]")
 
 
 def _check_int32(name: str, value, shape: tuple, device: torch.device) -> None:
@@ -248,10 +259,22 @@ def _no_driver(dst_ptr: int, src_ptr: int, nbytes: int) -> bool:
     return False
 
 
-def _span(t: torch.Tensor) -> tuple[int, int]:
-    """[first, past-the-end) byte addresses of a static buffer's storage."""
-    storage = t.untyped_storage()
-    return storage.data_ptr(), storage.data_ptr() + storage.nbytes()
+def _carve(specs: dict, device: torch.device) -> tuple[dict, tuple[int, int]]:
+    """Tensors of the given (shape, dtype) in one allocation, each at a 256-byte boundary, and the
+    allocation's [first, past-the-end) byte addresses."""
+    offsets, total = {}, 0
+    for name, (shape, dtype) in specs.items():
+        offsets[name] = total = -(-total // 256) * 256
+        total += math.prod(shape) * dtype.itemsize
+    block = torch.empty(total, dtype=torch.uint8, device=device)
+    tensors = {name: block[offsets[name]:offsets[name] + math.prod(shape) * dtype.itemsize]
+               .view(dtype).view(shape) for name, (shape, dtype) in specs.items()}
+    return tensors, (block.data_ptr(), block.data_ptr() + total)
+
+
+def _end(t: torch.Tensor) -> int:
+    """The past-the-end byte address of a contiguous static buffer."""
+    return t.data_ptr() + t.numel() * t.element_size()
 
 
 def _device_test(device: torch.device):

@@ -473,6 +473,41 @@ def test_aliases_of_the_static_inputs_through_another_storage_are_refused(engine
                                    rf"^{arg} overlaps the engine's static {arg} buffer but is not its leading rows"))
 
 
+def _strays(inp, rows: int) -> dict:
+    """Tensors over another static buffer's memory, or starting before their own buffer and
+    running into it (the buffers lie in one allocation: logits, drafts, then bitmask)."""
+    words = inp.grammar_bitmask.shape[1]
+    lead_in = (inp.grammar_bitmask.data_ptr() - inp.draft_token_ids.data_ptr()) // 4 - 1
+    return {"bitmask_over_drafts": (dict(bitmask=torch.as_strided(inp.draft_token_ids, (rows, words), (words, 1))),
+                                    "grammar_bitmask", "draft_token_ids"),
+            "drafts_over_bitmask": (dict(drafts=inp.grammar_bitmask.view(-1)[:rows]),
+                                    "draft_token_ids", "grammar_bitmask"),
+            "drafts_over_logits": (dict(drafts=inp.logits.view(torch.int32).view(-1)[:rows]),
+                                   "draft_token_ids", "logits"),
+            "bitmask_over_logits": (dict(bitmask=inp.logits.view(torch.int32).view(-1)[-rows * words:]
+                                         .view(rows, words)), "grammar_bitmask", "logits"),
+            # One word before the bitmask buffer: past the drafts' end (alignment padding).
+            "bitmask_running_in": (dict(bitmask=torch.as_strided(inp.draft_token_ids, (rows, words), (words, 1),
+                                                                 inp.draft_token_ids.storage_offset() + lead_in)),
+                                   "grammar_bitmask", "grammar_bitmask")}
+
+
+@pytest.mark.parametrize("path", ["fast", "exact"])
+@pytest.mark.parametrize("which", ["bitmask_over_drafts", "drafts_over_bitmask", "drafts_over_logits",
+                                   "bitmask_over_logits", "bitmask_running_in"])
+def test_tensors_over_another_static_input_or_running_into_their_own_are_refused(engine_and_tables, which, path):
+    engine, tables = engine_and_tables
+    good = make_batch(random.Random(6), 3, engine.vocab)
+    change, arg, other = _strays(engine.inputs, len(good.full))[which]
+    assert engine.inputs.grammar_bitmask.shape[1] * len(good.full) > 1  # runs past its first word
+    bad = replace(good, **change)
+    if path == "exact":
+        bad = replace(bad, idx=bad.idx.tolist())
+    tail = "but is not its leading rows" if arg == other else r"\(it would be copied onto it\)"
+    assert_refused_cleanly(attempt(engine, tables, good, bad, InvalidBatchError,
+                                   rf"^{arg} overlaps the engine's static {other} buffer {tail}"))
+
+
 @pytest.mark.parametrize("storage", ["view", "numpy"])
 def test_the_leading_rows_of_the_static_inputs_are_accepted(engine_and_tables, storage):
     """The zero-copy path: the buffers' leading rows, as views or through a second storage."""

@@ -360,12 +360,16 @@ def test_the_cheap_tensor_test_accepts_only_what_tensor_error_accepts():
         (torch.zeros(1, vs), None, None), (inp.logits[:1], None, None), (good, inp.draft_token_ids[1:5], None),
         (good, drafts.long(), None), (good, None, mask[:, :1]), (good, None, inp.grammar_bitmask[:4]),
         (good, drafts[:3], None), (good.numpy(), None, None),
+        # Another static buffer's memory, and drafts starting in the logits and running into theirs.
+        (good, inp.grammar_bitmask.view(-1)[:4], None), (good, None, inp.logits.view(torch.int32)[:4, :mask.shape[1]]),
+        (good, torch.as_strided(inp.draft_token_ids, (4,), (1,), inp.draft_token_ids.storage_offset() - 2), None),
     ]
     for logits, d, b in cases:
         rows = logits.shape[0]
         if inp.tensors_fit(logits, d, b, rows):
             assert inp.tensor_error(logits, d, b, rows) is None, (logits.shape, d, b)
     assert inp.tensors_fit(inp.logits[:4], drafts, mask, 4)  # the zero-copy path is the cheap one
+    assert inp.tensors_fit(good, drafts, mask, 4)  # and tensors of the loop's own
     assert inp.tensors_fit(None, drafts, mask, 4) and inp.tensor_error(None, drafts, mask, 4) is None
     assert not inp.tensors_fit(None, drafts[:3], None, 4)
     assert inp.tensor_error(None, drafts[:3], None, 4) is not None
