@@ -136,10 +136,10 @@ class StepInputs:
         if drafts is None and bitmask is None:
             return True
         if drafts is not None and (self.max_num_logits_per_req == 1
-                                   or not self._int32_fits(drafts, "drafts", num_logits, 1)):
+                                   or not self._int32_fits(drafts, num_logits, 1)):
             return False
         return bitmask is None or (self.grammar_bitmask is not None
-                                   and self._int32_fits(bitmask, "bitmask", num_logits, 2))
+                                   and self._int32_fits(bitmask, num_logits, 2))
 
     def _logits_fit(self, logits, num_logits: int) -> bool:
         # Dense first: a sparse or mkldnn tensor has no strides or data pointer to test.
@@ -152,7 +152,7 @@ class StepInputs:
         p, (lo, hi) = logits.data_ptr(), self._block
         return p == self._logits_ptr or not lo - num_logits * self._row_bytes < p < hi
 
-    def _int32_fits(self, t, name: str, num_logits: int, dims: int) -> bool:
+    def _int32_fits(self, t, num_logits: int, dims: int) -> bool:
         if not (isinstance(t, torch.Tensor) and t.layout is torch.strided
                 and t.dtype is torch.int32 and t.dim() == dims
                 and t.shape[0] == num_logits and self._on_device(t)):
@@ -225,8 +225,9 @@ class StepInputs:
             if static is None or end <= static.data_ptr() or _end(static) <= start:
                 continue
             if other != name:
-                raise InvalidBatchError(f"{name} overlaps the engine's static {other} buffer (it "
-                                        f"would be copied onto it); pass a tensor of its own")
+                raise InvalidBatchError(f"{name} overlaps the engine's static {other} buffer (the "
+                                        f"step's copies into its buffers would overwrite it); pass "
+                                        f"a tensor of its own")
             if start != static.data_ptr() or value.stride() != static[: value.shape[0]].stride():
                 raise InvalidBatchError(f"{name} overlaps the engine's static {name} buffer but is "
                                         f"not its leading rows (it would be copied onto itself); "

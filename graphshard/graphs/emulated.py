@@ -185,7 +185,11 @@ class StaticBuffers:
         self._tensors[name] = tensor
         ptr = tensor.untyped_storage().data_ptr()
         if ptr:
-            self._by_storage.setdefault(ptr, name)
+            # Buffers carved from one allocation share a storage: its label names them all (a
+            # signature tells them apart by storage offset).
+            label = self._by_storage.get(ptr)
+            if label is None or name not in label.split("|"):
+                self._by_storage[ptr] = name if label is None else f"{label}|{name}"
         return tensor
 
     def name_of_storage(self, ptr: int) -> str | None:

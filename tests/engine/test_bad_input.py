@@ -478,6 +478,7 @@ def _strays(inp, rows: int) -> dict:
     running into it (the buffers lie in one allocation: logits, drafts, then bitmask)."""
     words = inp.grammar_bitmask.shape[1]
     lead_in = (inp.grammar_bitmask.data_ptr() - inp.draft_token_ids.data_ptr()) // 4 - 1
+    padded = lead_in >= inp.draft_token_ids.numel()  # that word lies past the drafts' end
     return {"bitmask_over_drafts": (dict(bitmask=torch.as_strided(inp.draft_token_ids, (rows, words), (words, 1))),
                                     "grammar_bitmask", "draft_token_ids"),
             "drafts_over_bitmask": (dict(drafts=inp.grammar_bitmask.view(-1)[:rows]),
@@ -486,10 +487,10 @@ def _strays(inp, rows: int) -> dict:
                                    "draft_token_ids", "logits"),
             "bitmask_over_logits": (dict(bitmask=inp.logits.view(torch.int32).view(-1)[-rows * words:]
                                          .view(rows, words)), "grammar_bitmask", "logits"),
-            # One word before the bitmask buffer: past the drafts' end (alignment padding).
+            # One word before the bitmask buffer: alignment padding, or the drafts' last word.
             "bitmask_running_in": (dict(bitmask=torch.as_strided(inp.draft_token_ids, (rows, words), (words, 1),
                                                                  inp.draft_token_ids.storage_offset() + lead_in)),
-                                   "grammar_bitmask", "grammar_bitmask")}
+                                   "grammar_bitmask", "grammar_bitmask" if padded else "draft_token_ids")}
 
 
 @pytest.mark.parametrize("path", ["fast", "exact"])
@@ -503,7 +504,7 @@ def test_tensors_over_another_static_input_or_running_into_their_own_are_refused
     bad = replace(good, **change)
     if path == "exact":
         bad = replace(bad, idx=bad.idx.tolist())
-    tail = "but is not its leading rows" if arg == other else r"\(it would be copied onto it\)"
+    tail = "but is not its leading rows" if other == arg else r"\(the step's copies into its buffers"
     assert_refused_cleanly(attempt(engine, tables, good, bad, InvalidBatchError,
                                    rf"^{arg} overlaps the engine's static {other} buffer {tail}"))
 

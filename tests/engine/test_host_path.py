@@ -360,7 +360,7 @@ def test_the_cheap_tensor_test_accepts_only_what_tensor_error_accepts():
         (torch.zeros(1, vs), None, None), (inp.logits[:1], None, None), (good, inp.draft_token_ids[1:5], None),
         (good, drafts.long(), None), (good, None, mask[:, :1]), (good, None, inp.grammar_bitmask[:4]),
         (good, drafts[:3], None), (good.numpy(), None, None),
-        # Another static buffer's memory, and drafts starting in the logits and running into theirs.
+        # Another static buffer's memory, and drafts starting two words before theirs.
         (good, inp.grammar_bitmask.view(-1)[:4], None), (good, None, inp.logits.view(torch.int32)[:4, :mask.shape[1]]),
         (good, torch.as_strided(inp.draft_token_ids, (4,), (1,), inp.draft_token_ids.storage_offset() - 2), None),
     ]
