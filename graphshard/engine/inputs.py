@@ -58,8 +58,7 @@ class StepInputs:
         # resets only those, and only once).
         self._dirty_draft_rows = 0
         self._views: dict[tuple, torch.Tensor] = {}  # `_view`'s
-        self._buffers = {"logits": self.logits, "draft_token_ids": self.draft_token_ids,
-                         "grammar_bitmask": self.grammar_bitmask}
+        self._buffers = buffers  # by `_SHOWN`'s keys; `_view`'s and the exact check's
         self._ptrs = {name: t.data_ptr() for name, t in buffers.items()}
         self._on_device = _device_test(device)
         self._logits_ptr = self._ptrs["logits"]
@@ -113,8 +112,7 @@ class StepInputs:
         key = (name, num_logits, width)
         view = self._views.get(key)
         if view is None:
-            buf = {"logits": self.logits, "drafts": self.draft_token_ids,
-                   "bitmask": self.grammar_bitmask}[name]
+            buf = self._buffers[name]
             view = self._views[key] = buf[:num_logits] if width is None \
                 else buf[:num_logits, :width]
         return view
@@ -182,7 +180,7 @@ class StepInputs:
                 self._check_logits(logits, num_logits)
             if drafts is not None:
                 _check_int32("draft_token_ids", drafts, (num_logits,), self.device)
-                self._check_not_misplaced("draft_token_ids", drafts)
+                self._check_not_misplaced("drafts", drafts)
             if bitmask is not None:
                 # Sized by the padded vocabulary (docs/design.md, "What a step computes"); a
                 # width covering the real one is accepted too.
@@ -190,7 +188,7 @@ class StepInputs:
                     and not bitmask.is_nested and bitmask.dim() == 2 else -1
                 width = width if width in self.bitmask_widths else self.bitmask_widths[0]
                 _check_int32("grammar_bitmask", bitmask, (num_logits, width), self.device)
-                self._check_not_misplaced("grammar_bitmask", bitmask)
+                self._check_not_misplaced("bitmask", bitmask)
         except (InvalidBatchError, TypeError) as e:
             return e
         return None
@@ -211,7 +209,7 @@ class StepInputs:
             raise InvalidBatchError("logits rows must be contiguous (last-dim stride 1)")
         self._check_not_misplaced("logits", logits)
 
-    def _check_not_misplaced(self, name: str, value: torch.Tensor) -> None:
+    def _check_not_misplaced(self, key: str, value: torch.Tensor) -> None:
         """A tensor whose bytes overlap a static input buffer must be its own buffer's leading rows
         (the zero-copy path); any other would be copied onto that buffer. Addresses are compared,
         not storage objects: a second storage over the same memory (a NumPy or DLPack round trip)
@@ -221,17 +219,22 @@ class StepInputs:
         start = value.data_ptr()
         end = start + (sum((n - 1) * s for n, s in zip(value.shape, value.stride())) + 1) \
             * value.element_size()
+        name = _SHOWN[key]
         for other, static in self._buffers.items():
-            if static is None or end <= static.data_ptr() or _end(static) <= start:
+            if end <= static.data_ptr() or _end(static) <= start:
                 continue
-            if other != name:
-                raise InvalidBatchError(f"{name} overlaps the engine's static {other} buffer (the "
-                                        f"step's copies into its buffers would overwrite it); pass "
-                                        f"a tensor of its own")
+            if other != key:
+                raise InvalidBatchError(f"{name} overlaps the engine's static {_SHOWN[other]} "
+                                        f"buffer (the step's copies into its buffers would "
+                                        f"overwrite it); pass a tensor of its own")
             if start != static.data_ptr() or value.stride() != static[: value.shape[0]].stride():
                 raise InvalidBatchError(f"{name} overlaps the engine's static {name} buffer but is "
                                         f"not its leading rows (it would be copied onto itself); "
                                         f"pass engine.inputs' buffer[:num_logits]")
+
+
+# The buffers' names in messages: the `step` arguments they receive.
+_SHOWN = {"logits": "logits", "drafts": "draft_token_ids", "bitmask": "grammar_bitmask"}
 
 
 def _check_dense(name: str, value: torch.Tensor) -> None:
@@ -263,13 +266,14 @@ def _no_driver(dst_ptr: int, src_ptr: int, nbytes: int) -> bool:
 def _carve(specs: dict, device: torch.device) -> tuple[dict, tuple[int, int]]:
     """Tensors of the given (shape, dtype) in one allocation, each at a 256-byte boundary, and the
     allocation's [first, past-the-end) byte addresses."""
-    offsets, total = {}, 0
+    spans, total = {}, 0
     for name, (shape, dtype) in specs.items():
-        offsets[name] = total = -(-total // 256) * 256
-        total += math.prod(shape) * dtype.itemsize
+        start = -(-total // 256) * 256
+        total = start + math.prod(shape) * dtype.itemsize
+        spans[name] = slice(start, total)
     block = torch.empty(total, dtype=torch.uint8, device=device)
-    tensors = {name: block[offsets[name]:offsets[name] + math.prod(shape) * dtype.itemsize]
-               .view(dtype).view(shape) for name, (shape, dtype) in specs.items()}
+    tensors = {name: block[spans[name]].view(dtype).view(shape)
+               for name, (shape, dtype) in specs.items()}
     return tensors, (block.data_ptr(), block.data_ptr() + total)
 
 
